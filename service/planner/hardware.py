@@ -1,0 +1,163 @@
+"""The hardware catalog: per-GPU memory, dense peak FLOP/s per precision, bandwidths and calibration.
+
+Peaks are dense tensor-core figures from the vendors' datasheets (never the with-sparsity ones:
+H100 SXM bf16 is 989 TFLOP/s, not 1979). `fp32` is plain FP32 (PyTorch leaves TF32 off for matmuls
+by default). Bandwidths are per GPU and unidirectional, in GB/s (10^9 bytes/s).
+
+`matmul_efficiency` is the fraction of peak that large GEMMs reach in a training step; it is a
+calibration constant (docs/planner.md): A100's is set so that the planner reproduces the published
+throughput of Narayanan et al.'s 1T-parameter run on 3072 A100s (502 PFLOP/s, 163 TFLOP/s per
+GPU) within 10%; the others are set relative to it from the same kind of public reports and
+are the first numbers to refine with measurements from the runtime.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from service.planner.errors import FieldProblem, InvalidSpec
+from service.spec import Precision, Resources
+
+GIB = 1024**3
+GB = 10**9
+TFLOPS = 10**12
+
+
+class GpuType(BaseModel):
+    """One accelerator kind. `memory_gib` is per device; for `cpu` it is per node (shared)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    memory_gib: float
+    peak_tflops: dict[Precision, float]
+    hbm_gbps: float
+    intra_node_gbps: float
+    inter_node_gbps: float
+    pcie_gbps: float
+    matmul_efficiency: float
+    cpu_memory_gib: float = 1024.0
+    runtime_base_gib: float = 0.5
+    communicator_gib: float = 0.75
+    memory_shared_per_node: bool = False
+    latency_intra_s: float = 5e-6
+    latency_inter_s: float = 15e-6
+    launch_overhead_s: float = 4e-6
+    comm_library: str = "nccl"
+
+    def supports(self, precision: Precision) -> bool:
+        return precision in self.peak_tflops
+
+
+def _gpu(name: str, memory_gib: float, peaks: dict[Precision, float], **kw: float | str | bool) -> GpuType:
+    return GpuType.model_validate({"name": name, "memory_gib": memory_gib, "peak_tflops": peaks, **kw})
+
+
+CATALOG: dict[str, GpuType] = {
+    g.name: g
+    for g in (
+        _gpu("V100-SXM-32GB", 32, {"fp16": 125, "fp32": 15.7}, hbm_gbps=900, intra_node_gbps=150,
+             inter_node_gbps=12.5, pcie_gbps=12, matmul_efficiency=0.65, cpu_memory_gib=512),
+        _gpu("A100-SXM-40GB", 40, {"bf16": 312, "fp16": 312, "fp32": 19.5}, hbm_gbps=1555,
+             intra_node_gbps=300, inter_node_gbps=25, pcie_gbps=25, matmul_efficiency=0.72,
+             cpu_memory_gib=1024),
+        _gpu("A100-SXM-80GB", 80, {"bf16": 312, "fp16": 312, "fp32": 19.5}, hbm_gbps=2039,
+             intra_node_gbps=300, inter_node_gbps=25, pcie_gbps=25, matmul_efficiency=0.72,
+             cpu_memory_gib=2048),
+        _gpu("H100-SXM-80GB", 80, {"bf16": 989, "fp16": 989, "fp8": 1979, "fp32": 67}, hbm_gbps=3350,
+             intra_node_gbps=450, inter_node_gbps=50, pcie_gbps=50, matmul_efficiency=0.62,
+             cpu_memory_gib=2048),
+        _gpu("H100-PCIe-80GB", 80, {"bf16": 756, "fp16": 756, "fp8": 1513, "fp32": 51}, hbm_gbps=2000,
+             intra_node_gbps=50, inter_node_gbps=25, pcie_gbps=50, matmul_efficiency=0.60,
+             cpu_memory_gib=1024),
+        _gpu("H200-SXM-141GB", 141, {"bf16": 989, "fp16": 989, "fp8": 1979, "fp32": 67}, hbm_gbps=4800,
+             intra_node_gbps=450, inter_node_gbps=50, pcie_gbps=50, matmul_efficiency=0.64,
+             cpu_memory_gib=2048),
+        _gpu("B200-180GB", 180, {"bf16": 2250, "fp16": 2250, "fp8": 4500, "fp32": 80}, hbm_gbps=8000,
+             intra_node_gbps=900, inter_node_gbps=50, pcie_gbps=50, matmul_efficiency=0.55,
+             cpu_memory_gib=4096),
+        _gpu("L40S-48GB", 48, {"bf16": 362, "fp16": 362, "fp8": 733, "fp32": 91.6}, hbm_gbps=864,
+             intra_node_gbps=25, inter_node_gbps=25, pcie_gbps=25, matmul_efficiency=0.60,
+             cpu_memory_gib=1024),
+        _gpu("MI300X-192GB", 192, {"bf16": 1307, "fp16": 1307, "fp8": 2615, "fp32": 163.4}, hbm_gbps=5300,
+             intra_node_gbps=448, inter_node_gbps=50, pcie_gbps=50, matmul_efficiency=0.50,
+             cpu_memory_gib=2048, comm_library="rccl"),
+        # Worker processes on CPU cores, talking gloo: for the embedded default, demos and tests.
+        # `memory_gib` is the node's RAM, shared by its processes; peaks are per process.
+        _gpu("cpu", 16, {"fp32": 0.05, "bf16": 0.05}, hbm_gbps=10, intra_node_gbps=2, inter_node_gbps=1.25,
+             pcie_gbps=1000, matmul_efficiency=0.5, cpu_memory_gib=16, runtime_base_gib=0.35,
+             communicator_gib=0.01, memory_shared_per_node=True, latency_intra_s=30e-6,
+             latency_inter_s=100e-6, launch_overhead_s=20e-6, comm_library="gloo"),
+    )
+}
+
+
+class Cluster(BaseModel):
+    """The resolved resources: which GPU, how many, and the fabric between them."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gpu: GpuType
+    nodes: int
+    gpus_per_node: int
+    world_size: int
+    intra_node_gbps: float
+    inter_node_gbps: float
+    cpu_memory_gib: float
+
+    @property
+    def memory_bytes_per_gpu(self) -> int:
+        """What one rank may use: the device's memory, or its share of the node's RAM on `cpu`."""
+        per_device = self.gpu.memory_gib * GIB
+        if self.gpu.memory_shared_per_node:
+            per_device /= min(self.gpus_per_node, self.world_size)
+        return int(per_device)
+
+    def link_gbps(self, span: int) -> float:
+        """Per-GPU bandwidth of a group whose ranks span `span` consecutive ranks."""
+        return self.intra_node_gbps if span <= self.gpus_per_node else self.inter_node_gbps
+
+    def latency_s(self, span: int) -> float:
+        return self.gpu.latency_intra_s if span <= self.gpus_per_node else self.gpu.latency_inter_s
+
+
+def resolve_cluster(resources: Resources) -> Cluster:
+    """Resolve the spec's resources against the catalog; raise `InvalidSpec` naming the field."""
+    ref = resources.gpu
+    name = ref if isinstance(ref, str) else ref.name
+    base = CATALOG.get(name)
+    if base is None:
+        lowered = {k.lower(): v for k, v in CATALOG.items()}
+        base = lowered.get(name.lower())
+    if base is None:
+        if isinstance(ref, str) or ref.memory_gib is None or not ref.peak_tflops:
+            raise InvalidSpec([FieldProblem(
+                loc=("resources", "gpu"),
+                message=f"unknown GPU {name!r}; use one of {', '.join(CATALOG)}, or give"
+                " {name, memory_gib, peak_tflops} for a GPU the catalog does not know",
+            )])
+        base = GpuType(
+            name=name, memory_gib=ref.memory_gib, peak_tflops=dict(ref.peak_tflops),
+            hbm_gbps=ref.hbm_gbps or 2000, intra_node_gbps=resources.intra_node_gbps or 100,
+            inter_node_gbps=resources.inter_node_gbps or 25, pcie_gbps=25, matmul_efficiency=0.55,
+        )
+    elif not isinstance(ref, str):
+        updates: dict[str, object] = {}
+        if ref.memory_gib is not None:
+            updates["memory_gib"] = ref.memory_gib
+        if ref.peak_tflops:
+            updates["peak_tflops"] = {**base.peak_tflops, **ref.peak_tflops}
+        if ref.hbm_gbps is not None:
+            updates["hbm_gbps"] = ref.hbm_gbps
+        base = base.model_copy(update=updates)
+    world = resources.world_size
+    gpn = min(resources.gpus_per_node, world)
+    return Cluster(
+        gpu=base,
+        nodes=resources.node_count,
+        gpus_per_node=gpn,
+        world_size=world,
+        intra_node_gbps=resources.intra_node_gbps or base.intra_node_gbps,
+        inter_node_gbps=resources.inter_node_gbps or base.inter_node_gbps,
+        cpu_memory_gib=resources.cpu_memory_gib or base.cpu_memory_gib,
+    )

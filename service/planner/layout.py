@@ -1,0 +1,110 @@
+"""The layout a plan chooses, and the rules that make a layout valid for a model on a cluster."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from service.planner.hardware import Cluster
+from service.planner.models import ModelShape
+from service.spec import Checkpointing, Offload, PipelineSchedule, Sharding
+
+SHARDING_RANK: dict[str, int] = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3, "hsdp": 4}
+OFFLOAD_RANK: dict[str, int] = {"none": 0, "optimizer": 1, "params": 2}
+CHECKPOINT_RANK: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
+FULLY_SHARDED = frozenset({"zero3", "fsdp", "hsdp"})
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """A complete parallel layout. Ranks are ordered pp (outermost), dp, cp, tp (innermost).
+
+    `dp_shard` is how many data-parallel ranks share one copy of the model states: 1 for ddp,
+    dp for ZeRO/FSDP, the intra-node part for HSDP (states are then replicated dp/dp_shard times).
+    Context-parallel ranks also shard the states (as torchtitan does), so the sharding group is
+    dp_shard x cp.
+    """
+
+    dp: int
+    tp: int
+    pp: int
+    cp: int
+    sharding: Sharding
+    dp_shard: int
+    sequence_parallel: bool
+    micro_batch: int
+    grad_accum_steps: int
+    activation_checkpointing: Checkpointing
+    pipeline_schedule: PipelineSchedule | None
+    virtual_stages: int
+    offload: Offload
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def shard_group(self) -> int:
+        return self.dp_shard * self.cp if self.sharding != "ddp" else 1
+
+    @property
+    def replicas(self) -> int:
+        """Copies of the model states across the data-parallel group."""
+        return (self.dp * self.cp) // self.shard_group
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    def short(self) -> str:
+        """One line, e.g. `fsdp dp=8 tp=1 pp=1 cp=1 mb=2x4 ac=full`."""
+        parts = [self.sharding, f"dp={self.dp}", f"tp={self.tp}", f"pp={self.pp}", f"cp={self.cp}"]
+        if self.sharding == "hsdp":
+            parts.append(f"shard={self.dp_shard}")
+        if self.sequence_parallel:
+            parts.append("sp")
+        parts.append(f"mb={self.micro_batch}x{self.grad_accum_steps}")
+        parts.append(f"ac={self.activation_checkpointing}")
+        if self.pp > 1 and self.pipeline_schedule:
+            sched = self.pipeline_schedule
+            parts.append(f"{sched}" + (f"/v{self.virtual_stages}" if self.virtual_stages > 1 else ""))
+        if self.offload != "none":
+            parts.append(f"offload={self.offload}")
+        return " ".join(parts)
+
+    def simplicity(self) -> tuple[int, ...]:
+        """Lower is simpler: fewer parallel dimensions, plainer sharding, less recompute and offload."""
+        return (
+            OFFLOAD_RANK[self.offload],
+            (self.tp > 1) + (self.pp > 1) + (self.cp > 1),
+            SHARDING_RANK[self.sharding],
+            CHECKPOINT_RANK[self.activation_checkpointing],
+            self.virtual_stages,
+            self.tp * self.pp * self.cp,
+        )
+
+
+def mesh_problems(shape: ModelShape, cluster: Cluster, global_batch: int, dp: int, tp: int, pp: int,
+                  cp: int, attention: str) -> list[tuple[str, str]]:
+    """Why (dp, tp, pp, cp) cannot run this model on this cluster: (field, message) pairs, empty if valid."""
+    problems: list[tuple[str, str]] = []
+    world = cluster.world_size
+    if dp * tp * pp * cp != world:
+        problems.append(("dp", f"dp*tp*pp*cp = {dp}*{tp}*{pp}*{cp} = {dp * tp * pp * cp}, but the resources"
+                               f" give {world} GPUs; the product must equal the GPU count"))
+    if shape.heads % tp or shape.kv_heads % tp:
+        problems.append(("tp", f"tp={tp} must divide heads ({shape.heads}) and kv_heads ({shape.kv_heads})"))
+    if shape.ffn_hidden % tp:
+        problems.append(("tp", f"tp={tp} must divide ffn_hidden ({shape.ffn_hidden})"))
+    if pp > shape.layers:
+        problems.append(("pp", f"pp={pp} exceeds the model's {shape.layers} layers"))
+    if cp > 1 and shape.seq_len % (2 * cp):
+        problems.append(("cp", f"cp={cp} needs seq_len ({shape.seq_len}) divisible by 2*cp for load balance"))
+    if cp > 1 and attention == "eager":
+        problems.append(("cp", "context parallelism needs flash attention (training.attention: flash)"))
+    if global_batch % dp:
+        problems.append(("dp", f"training.global_batch ({global_batch}) must be divisible by dp ({dp})"))
+    return problems
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))

@@ -1,0 +1,223 @@
+"""The planner's public operations: `plan` (search) and `estimate` (one pinned layout)."""
+
+from __future__ import annotations
+
+from service.planner.errors import FieldProblem, InvalidSpec
+from service.planner.explain import gib, memory_sentence, rubric, why_slower
+from service.planner.layout import Layout
+from service.planner.result import (
+    Alternative,
+    CommVolumes,
+    MemoryBreakdown,
+    Plan,
+    PrecisionPolicy,
+    Rejected,
+    StepEstimate,
+)
+from service.planner.search import (
+    MAX_ALTERNATIVES,
+    PRUNE_FACTOR,
+    Candidate,
+    Context,
+    SearchResult,
+    evaluate_layout,
+    resolve,
+    search,
+    smallest_fitting_world,
+)
+from service.planner.timing import FLOP_CONVENTION, model_flops_per_step, recompute_flops_per_step, step_time
+from service.spec import LayoutPins, TrainingSpec
+
+
+def plan(spec: TrainingSpec) -> Plan:
+    """Search every valid layout the spec's pins allow and return the fastest that fits.
+
+    When nothing fits, the plan describes the candidate closest to fitting, with `fits` false,
+    the reasons, and the smallest GPU count of this kind that would fit.
+    Raises `InvalidSpec` for a spec that cannot be planned at all.
+    """
+    ctx = resolve(spec)
+    result = search(ctx)
+    if result.best is not None:
+        return _assemble(ctx, result.best, result)
+    reasons = _no_fit_reasons(ctx, result)
+    target = result.closest
+    if target is None:
+        raise InvalidSpec([FieldProblem(loc=("layout",), message="no valid layout: " + "; ".join(reasons))])
+    target = evaluate_layout(ctx, target.layout)
+    return _assemble(ctx, target, result, reasons=reasons, min_gpus=smallest_fitting_world(ctx))
+
+
+def estimate(spec: TrainingSpec, layout: Layout) -> Plan:
+    """Evaluate one complete layout for the spec, even one that does not fit (then `fits` is false)."""
+    ctx = resolve(spec)
+    fields = layout.to_dict()
+    fields.pop("grad_accum_steps")
+    if fields["sharding"] != "hsdp":
+        fields.pop("dp_shard")
+    if fields["tp"] == 1 and not fields["sequence_parallel"]:
+        fields["sequence_parallel"] = None
+    pins = LayoutPins.model_validate(fields)
+    resolve(spec.model_copy(update={"layout": pins}))
+    if layout.world_size != ctx.cluster.world_size:
+        raise InvalidSpec([FieldProblem(loc=("layout", "dp"), message=(
+            f"dp*tp*pp*cp = {layout.world_size} but the resources give {ctx.cluster.world_size} GPUs"))])
+    expected = spec.training.global_batch // (layout.dp * layout.micro_batch)
+    if expected * layout.dp * layout.micro_batch != spec.training.global_batch or (
+            layout.grad_accum_steps != expected):
+        raise InvalidSpec([FieldProblem(loc=("layout", "grad_accum_steps"), message=(
+            f"global_batch ({spec.training.global_batch}) must equal dp*micro_batch*grad_accum_steps"
+            f" ({layout.dp}*{layout.micro_batch}*{layout.grad_accum_steps})"))])
+    cand = evaluate_layout(ctx, layout)
+    reasons = [] if cand.fits else [_oom_reason(ctx, cand)]
+    return _assemble(ctx, cand, None, reasons=reasons)
+
+
+def _oom_reason(ctx: Context, cand: Candidate) -> str:
+    limit, mem = ctx.cluster.memory_bytes_per_gpu, cand.mem
+    host = ctx.cluster.cpu_memory_gib * 2**30
+    parts = []
+    if mem.total > limit:
+        parts.append(f"needs {gib(mem.total)} per GPU, {gib(mem.total - limit)} more than the {gib(limit)}"
+                     " available")
+    if mem.cpu_per_node > host:
+        parts.append(f"offloads {gib(mem.cpu_per_node)} per node to host memory, more than the"
+                     f" {gib(host)} available")
+    return f"{cand.layout.short()} " + " and ".join(parts or ["fits"])
+
+
+def _no_fit_reasons(ctx: Context, result: SearchResult) -> list[str]:
+    reasons: list[str] = []
+    if result.closest is not None:
+        reasons.append("closest: " + _oom_reason(ctx, result.closest))
+    if result.out_of_memory:
+        reasons.append(f"{result.out_of_memory} layouts run out of memory")
+    for why, count in sorted(result.invalid_reasons.items(), key=lambda kv: -kv[1])[:3]:
+        reasons.append(f"{count} layouts invalid: {why}")
+    if not result.out_of_memory and not result.invalid_reasons:
+        reasons.append("the pins leave no valid layout (check micro_batch, pp and the batch size)")
+    return reasons
+
+
+def _warnings(ctx: Context, cand: Candidate) -> list[str]:
+    out: list[str] = []
+    lay, cl = cand.layout, ctx.cluster
+    if lay.tp > cl.gpus_per_node:
+        out.append(f"tensor parallelism (tp={lay.tp}) crosses nodes over a {cl.inter_node_gbps:g} GB/s"
+                   " fabric; keep tp within a node")
+    if ctx.precision == "fp16":
+        out.append("fp16 needs a dynamic loss scaler (the runtime uses a sharded GradScaler); bf16 would not")
+    if ctx.precision == "fp8":
+        out.append("fp8: MFU is quoted against the fp8 peak; attention runs in bf16")
+    tokens = lay.micro_batch * ctx.shape.seq_len // lay.cp
+    if tokens < 1024:
+        out.append(f"tiny micro-batches ({tokens} tokens per GPU) leave the GPU under-used")
+    t = cand.time
+    if t is not None and t.bubble_s > 0.2 * t.step_s:
+        out.append(f"the pipeline bubble is {t.bubble_s / t.step_s:.0%} of the step; more micro-batches or"
+                   " an interleaved schedule would shrink it")
+    if cand.fits and cand.mem.total > 0.95 * cl.memory_bytes_per_gpu:
+        out.append("less than 5% memory headroom: variable shapes or fragmentation may still run out")
+    if lay.offload != "none":
+        out.append(f"offload={lay.offload} moves state to host memory and adds PCIe traffic every step")
+    if ctx.attention == "eager" and ctx.shape.seq_len >= 4096:
+        out.append("eager attention materialises the s x s scores; flash attention would save that memory")
+    if cl.gpu.name == "cpu":
+        out.append("cpu: worker processes with gloo; step times are indicative only")
+    return out
+
+
+def _explanation(ctx: Context, cand: Candidate, result: SearchResult | None) -> list[str]:
+    lay, t = cand.layout, cand.time
+    assert t is not None
+    limit = ctx.cluster.memory_bytes_per_gpu
+    lines: list[str] = []
+    if result is not None and result.fitting:
+        lines.append(f"{lay.short()}: the fastest of {result.fitting} fitting layouts"
+                     f" ({t.step_s:.3g} s/step).")
+    else:
+        lines.append(f"{lay.short()}: {t.step_s:.3g} s/step.")
+    lines.append(memory_sentence(cand.mem, limit))
+    lines.append(f"Time per step: compute {t.compute_s:.3g} s, recompute {t.recompute_s:.3g} s, exposed"
+                 f" communication {t.comm_exposed_s:.3g} s, bubble {t.bubble_s:.3g} s, optimizer"
+                 f" {t.optimizer_s:.3g} s, offload {t.offload_s:.3g} s.")
+    if result is None or not cand.fits:
+        return lines
+    for dim, value in (("tp", lay.tp), ("pp", lay.pp), ("cp", lay.cp), ("sharding", lay.sharding),
+                       ("activation_checkpointing", lay.activation_checkpointing), ("offload", lay.offload)):
+        rivals = [c for (d, v), c in result.by_dimension.items() if d == dim and v != value]
+        slow = sorted(str(v) for d, v in result.pruned_dimensions if d == dim and v != value
+                      and (d, v) not in result.by_dimension)
+        if slow:
+            lines.append(f"{dim}={value}: every fitting layout with {dim}={'/'.join(slow)} is at least"
+                         f" {PRUNE_FACTOR - 1:.0%} slower.")
+        if not rivals:
+            if dim == "activation_checkpointing" and value == "none":
+                lines.append("activation_checkpointing=none: activations fit without recompute.")
+            elif dim == "offload" and value == "none":
+                lines.append("offload=none: states fit on the GPU.")
+            continue
+        rival = min(rivals, key=lambda c: c.key())
+        assert rival.time is not None
+        lines.append(f"{dim}={value}: the best with {dim}={getattr(rival.layout, dim)} is"
+                     f" {why_slower(t, rival.time)}.")
+    return lines
+
+
+def _assemble(ctx: Context, cand: Candidate, result: SearchResult | None, *,
+              reasons: list[str] | None = None, min_gpus: int | None = None) -> Plan:
+    spec, shape, cl = ctx.spec, ctx.shape, ctx.cluster
+    lay, mem = cand.layout, cand.mem
+    t = cand.time or step_time(shape, cl, lay, precision=ctx.precision, optimizer=ctx.optimizer,
+                               attention=ctx.attention)
+    cand.time = t
+    tokens = spec.training.global_batch * shape.seq_len
+    flops = model_flops_per_step(shape, spec.training.global_batch)
+    peak = cl.gpu.peak_tflops[ctx.precision] * 1e12
+    alternatives: list[Alternative] = []
+    rejected = Rejected()
+    if result is not None:
+        ranked = sorted(result.by_signature.values(), key=lambda c: c.key())
+        for other in [c for c in ranked if c is not cand][:MAX_ALTERNATIVES]:
+            assert other.time is not None
+            alternatives.append(Alternative(
+                layout=other.layout, fits=other.fits, memory_total=int(other.mem.total),
+                step_s=other.time.step_s, tokens_per_s=tokens / other.time.step_s,
+                mfu=flops / (other.time.step_s * cl.world_size * peak), why_not=why_slower(t, other.time)))
+        rejected = Rejected(invalid=result.invalid, out_of_memory=result.out_of_memory,
+                            dominated=result.dominated, slower=max(0, result.fitting - (1 if cand.fits else 0)))
+    cpu_limit = int(cl.cpu_memory_gib * 2**30) if mem.cpu_per_node else None
+    return Plan(
+        name=spec.name, fits=cand.fits, model=shape.name, model_params=int(shape.total_params),
+        gpu=cl.gpu.name, world_size=cl.world_size, nodes=cl.nodes, gpus_per_node=cl.gpus_per_node,
+        layout=lay,
+        memory=MemoryBreakdown(
+            params=int(mem.params), grads=int(mem.grads), optimizer=int(mem.optimizer),
+            activations=int(mem.activations), logits=int(mem.logits), comm_buffers=int(mem.comm_buffers),
+            runtime_overhead=int(mem.runtime_overhead), allocator_margin=int(mem.allocator_margin),
+            total=int(mem.total), gpu_memory=cl.memory_bytes_per_gpu,
+            fits=mem.total <= cl.memory_bytes_per_gpu,
+            cpu_memory=int(mem.cpu_per_node) if mem.cpu_per_node else None, cpu_memory_available=cpu_limit),
+        time=StepEstimate(
+            compute_s=t.compute_s, recompute_s=t.recompute_s, comm_exposed_s=t.comm_exposed_s,
+            bubble_s=t.bubble_s, optimizer_s=t.optimizer_s, offload_s=t.offload_s, step_s=t.step_s,
+            tokens_per_step=tokens, tokens_per_s=tokens / t.step_s,
+            tokens_per_s_per_gpu=tokens / t.step_s / cl.world_size, model_flops_per_step=flops,
+            hardware_flops_per_step=flops + recompute_flops_per_step(
+                shape, spec.training.global_batch, lay.activation_checkpointing, ctx.attention),
+            mfu=flops / (t.step_s * cl.world_size * peak), flop_convention=FLOP_CONVENTION,
+            peak_flops_per_gpu=peak, job_s=t.step_s * spec.training.steps),
+        comm=CommVolumes(dp=int(t.comm_dp), tp=int(t.comm_tp), pp=int(t.comm_pp), cp=int(t.comm_cp),
+                         offload=int(t.comm_offload)),
+        precision=PrecisionPolicy(
+            compute=ctx.precision, params="fp32", grads="fp32", reduce="fp32",
+            loss_scaler=ctx.precision == "fp16"),
+        rubric=rubric(ctx),
+        explanation=_explanation(ctx, cand, result),
+        alternatives=alternatives, rejected=rejected,
+        candidates_evaluated=result.evaluated if result is not None else 1,
+        reasons=reasons or [], min_gpus_to_fit=min_gpus, warnings=_warnings(ctx, cand),
+    )
+
+
+__all__ = ["estimate", "plan"]

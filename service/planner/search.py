@@ -1,0 +1,475 @@
+"""Search every valid layout, evaluate each, pick the fastest that fits.
+
+`plan(spec)` searches whatever the spec leaves unpinned; `estimate(spec, layout)` evaluates one
+complete layout, fitting or not. Both return a `Plan`.
+
+Ranking: step time (in 0.2% buckets, so that numerically equal times tie), then memory headroom
+(less memory first), then simplicity (`Layout.simplicity`). Variants that are slower by
+construction are skipped and counted as `dominated`: more checkpointing or more offload than a
+variant of the same layout that already fits, GPipe next to 1F1B (same bubble, more memory),
+and sequence parallelism off next to on (same traffic, more memory).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from service.planner.errors import FieldProblem, InvalidSpec
+from service.planner.hardware import Cluster, resolve_cluster
+from service.planner.layout import CHECKPOINT_RANK, FULLY_SHARDED, OFFLOAD_RANK, Layout, divisors, mesh_problems
+from service.planner.memory import (
+    ActivationMemory,
+    Memory,
+    StaticMemory,
+    activation_memory,
+    combine,
+    combined_total,
+    memory,
+    static_memory,
+)
+from service.planner.models import ModelShape, resolve_model
+from service.planner.timing import ForwardTimes, StepTime, forward_times, step_time
+from service.spec import Checkpointing, LayoutPins, Optimizer, Precision, TrainingSpec
+
+TIME_BUCKET = math.log(1.002)
+MAX_ALTERNATIVES = 5
+MAX_WORLD_FOR_FIT_SEARCH = 1 << 17
+# Fitting layouts whose compute, recompute and bubble alone exceed this multiple of the best step
+# time so far are not timed further: they can be neither the choice nor a useful runner-up.
+PRUNE_FACTOR = 1.25
+DIMENSIONS = ("tp", "pp", "cp", "sharding", "activation_checkpointing", "offload")
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """A spec resolved against the presets and the catalog."""
+
+    spec: TrainingSpec
+    shape: ModelShape
+    cluster: Cluster
+    limit: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "limit", self.cluster.memory_bytes_per_gpu)
+
+    @property
+    def precision(self) -> Precision:
+        return self.spec.training.precision
+
+    @property
+    def optimizer(self) -> Optimizer:
+        return self.spec.training.optimizer
+
+    @property
+    def attention(self) -> str:
+        return self.spec.training.attention
+
+    @property
+    def global_batch(self) -> int:
+        return self.spec.training.global_batch
+
+
+@dataclass(slots=True)
+class Candidate:
+    layout: Layout
+    mem: Memory
+    fits: bool
+    time: StepTime | None = None
+    _key: tuple[int, float, tuple[int, ...]] | None = None
+
+    @property
+    def step_s(self) -> float:
+        assert self.time is not None
+        return self.time.step_s
+
+    def key(self) -> tuple[int, float, tuple[int, ...]]:
+        if self._key is None:
+            self._key = (round(math.log(self.step_s) / TIME_BUCKET), self.mem.total, self.layout.simplicity())
+        return self._key
+
+
+@dataclass(slots=True)
+class SearchResult:
+    best: Candidate | None = None
+    closest: Candidate | None = None
+    closest_ratio: float = math.inf
+    by_signature: dict[tuple[object, ...], Candidate] = field(default_factory=dict)
+    by_dimension: dict[tuple[str, object], Candidate] = field(default_factory=dict)
+    invalid: int = 0
+    out_of_memory: int = 0
+    dominated: int = 0
+    fitting: int = 0
+    pruned: int = 0
+    pruned_dimensions: set[tuple[str, object]] = field(default_factory=set)
+    evaluated: int = 0
+    invalid_reasons: dict[str, int] = field(default_factory=dict)
+
+
+def resolve(spec: TrainingSpec) -> Context:
+    """Resolve presets and the GPU; check pins against the model and the cluster (InvalidSpec)."""
+    problems: list[FieldProblem] = []
+    shape = cluster = None
+    try:
+        shape = resolve_model(spec.model)
+    except InvalidSpec as exc:
+        problems += exc.problems
+    try:
+        cluster = resolve_cluster(spec.resources)
+    except InvalidSpec as exc:
+        problems += exc.problems
+    if shape is None or cluster is None:
+        raise InvalidSpec(problems)
+    precision = spec.training.precision
+    if not cluster.gpu.supports(precision):
+        problems.append(FieldProblem(
+            loc=("training", "precision"),
+            message=f"{cluster.gpu.name} has no {precision} support; use one of"
+            f" {', '.join(sorted(cluster.gpu.peak_tflops))}"))
+    problems += _pin_problems(spec.layout, shape, cluster, spec.training.global_batch, spec.training.attention)
+    if problems:
+        raise InvalidSpec(problems)
+    return Context(spec=spec, shape=shape, cluster=cluster)
+
+
+def _pin_problems(pins: LayoutPins, shape: ModelShape, cluster: Cluster, batch: int,
+                  attention: str) -> list[FieldProblem]:
+    world = cluster.world_size
+    out: list[FieldProblem] = []
+
+    def bad(name: str, message: str) -> None:
+        out.append(FieldProblem(loc=("layout", name), message=message))
+
+    for name in ("dp", "tp", "pp", "cp"):
+        value = getattr(pins, name)
+        if value is not None and world % value:
+            bad(name, f"{name}={value} must divide the {world} GPUs of the resources")
+    if pins.tp is not None and (shape.heads % pins.tp or shape.kv_heads % pins.tp or shape.ffn_hidden % pins.tp):
+        bad("tp", f"tp={pins.tp} must divide heads ({shape.heads}), kv_heads ({shape.kv_heads}) and"
+                  f" ffn_hidden ({shape.ffn_hidden}); allowed: "
+                  + ", ".join(str(d) for d in divisors(world) if _tp_ok(shape, d)))
+    if pins.pp is not None and pins.pp > shape.layers:
+        bad("pp", f"pp={pins.pp} exceeds the model's {shape.layers} layers")
+    if pins.cp is not None and pins.cp > 1:
+        if shape.seq_len % (2 * pins.cp):
+            bad("cp", f"cp={pins.cp} needs seq_len ({shape.seq_len}) divisible by 2*cp")
+        if attention == "eager":
+            bad("cp", "context parallelism needs training.attention: flash")
+    pinned = [pins.dp, pins.tp, pins.pp, pins.cp]
+    if all(v is not None for v in pinned) and math.prod(pinned) != world:  # type: ignore[arg-type]
+        bad("dp", f"dp*tp*pp*cp = {'*'.join(str(v) for v in pinned)} = {math.prod(pinned)}"  # type: ignore[arg-type]
+                  f" but the resources give {world} GPUs")
+    if pins.dp is not None and batch % pins.dp:
+        bad("dp", f"training.global_batch ({batch}) must be divisible by dp ({pins.dp})")
+    if pins.micro_batch is not None:
+        if batch % pins.micro_batch:
+            bad("micro_batch", f"training.global_batch ({batch}) must be divisible by micro_batch"
+                               f" ({pins.micro_batch})")
+        elif pins.dp is not None and batch % (pins.dp * pins.micro_batch):
+            bad("micro_batch", f"training.global_batch ({batch}) must be divisible by dp*micro_batch"
+                               f" ({pins.dp}*{pins.micro_batch})")
+    if pins.virtual_stages is not None and pins.virtual_stages > 1 and pins.pp is not None:
+        if pins.pp == 1:
+            bad("virtual_stages", "virtual_stages > 1 needs pp > 1")
+        elif pins.pp * pins.virtual_stages > shape.layers:
+            bad("virtual_stages", f"pp*virtual_stages ({pins.pp}*{pins.virtual_stages}) exceeds the"
+                                  f" model's {shape.layers} layers")
+    if pins.sharding == "hsdp" and cluster.nodes < 2 and pins.dp_shard is None:
+        bad("sharding", "hsdp replicates across nodes: it needs more than one node (or set dp_shard)")
+    return out
+
+
+def _tp_ok(shape: ModelShape, tp: int) -> bool:
+    return not (shape.heads % tp or shape.kv_heads % tp or shape.ffn_hidden % tp)
+
+
+def _meshes(ctx: Context, pins: LayoutPins, result: SearchResult) -> Iterator[tuple[int, int, int, int]]:
+    world = ctx.cluster.world_size
+    for tp in divisors(world):
+        if pins.tp is not None and tp != pins.tp:
+            continue
+        for cp in divisors(world // tp):
+            if pins.cp is not None and cp != pins.cp:
+                continue
+            for pp in divisors(world // (tp * cp)):
+                if pins.pp is not None and pp != pins.pp:
+                    continue
+                dp = world // (tp * cp * pp)
+                if pins.dp is not None and dp != pins.dp:
+                    continue
+                problems = mesh_problems(ctx.shape, ctx.cluster, ctx.global_batch, dp, tp, pp, cp, ctx.attention)
+                if problems:
+                    result.invalid += 1
+                    reason = problems[0][1].split(" must ")[0].split(" needs ")[0]
+                    result.invalid_reasons[reason] = result.invalid_reasons.get(reason, 0) + 1
+                    continue
+                yield dp, tp, pp, cp
+
+
+def _shardings(ctx: Context, pins: LayoutPins, dp: int, tp: int, cp: int) -> list[tuple[str, int]]:
+    """(sharding, dp_shard) options for a mesh."""
+    if pins.sharding is not None:
+        names = [pins.sharding]
+    elif dp * cp == 1:
+        names = ["ddp"]
+    else:
+        names = ["ddp", "zero1", "zero2", "fsdp", "hsdp"]
+    out: list[tuple[str, int]] = []
+    for name in names:
+        if name == "ddp":
+            out.append((name, 1))
+        elif name != "hsdp":
+            out.append((name, dp))
+        else:
+            shard = pins.dp_shard or ctx.cluster.gpus_per_node // (tp * cp)
+            if 1 <= shard < dp and dp % shard == 0:
+                out.append((name, shard))
+    return out
+
+
+def _schedules(ctx: Context, pins: LayoutPins, pp: int, m: int) -> list[tuple[str | None, int]]:
+    if pp == 1:
+        return [(None, 1)]
+    if m < pp:
+        return []
+    names = [pins.pipeline_schedule] if pins.pipeline_schedule else ["1f1b", "interleaved"]
+    out: list[tuple[str | None, int]] = []
+    for name in names:
+        if name != "interleaved":
+            out.append((name, 1))
+            continue
+        if m % pp:
+            continue
+        chunks = [pins.virtual_stages] if pins.virtual_stages else [2, 4]
+        out += [(name, v) for v in chunks if v > 1 and pp * v <= ctx.shape.layers]
+    return out
+
+
+def _fits(ctx: Context, mem: Memory) -> bool:
+    if mem.total > ctx.limit:
+        return False
+    return not mem.cpu_per_node or mem.cpu_per_node <= ctx.cluster.cpu_memory_gib * 2**30
+
+
+def _evaluate(ctx: Context, layout: Layout) -> Candidate:
+    mem = memory(ctx.shape, ctx.cluster, layout, precision=ctx.precision, optimizer=ctx.optimizer,
+                 attention=ctx.attention)
+    cand = Candidate(layout=layout, mem=mem, fits=_fits(ctx, mem))
+    cand.time = step_time(ctx.shape, ctx.cluster, layout, precision=ctx.precision,
+                          optimizer=ctx.optimizer, attention=ctx.attention)
+    return cand
+
+
+def _offloads(pins: LayoutPins, sharding: str) -> list[str]:
+    """Offload options, least offload first."""
+    if pins.offload:
+        return [pins.offload]
+    return ["none"] + (["optimizer"] if sharding != "ddp" else []) + (
+        ["params"] if sharding in FULLY_SHARDED else [])
+
+
+def search(ctx: Context, pins: LayoutPins | None = None, *, timed: bool = True,
+           stop_at_first_fit: bool = False) -> SearchResult:
+    """Enumerate and evaluate every valid layout under `pins` (default: the spec's).
+
+    Memory is evaluated for every candidate that is not skipped by a bound; time only for those
+    that fit. Bounds, all exact: model states alone over the limit (no micro-batch fits); the
+    most offload at a checkpointing level does not fit (no less offload does); a micro-batch with
+    nothing fitting (no larger one fits, except under GPipe).
+    """
+    pins = pins if pins is not None else ctx.spec.layout
+    result = SearchResult()
+    batch = ctx.global_batch
+    limit = ctx.limit
+    forwards: dict[tuple[int, ...], ForwardTimes] = {}
+    activations: dict[tuple[object, ...], ActivationMemory] = {}
+    ckpt_pin = pins.activation_checkpointing or ctx.spec.checkpointing_pin
+    # Under flash attention nothing quadratic is stored, so `selective` equals `none`: not searched.
+    ckpts: list[Checkpointing] = [ckpt_pin] if ckpt_pin else (
+        ["none", "selective", "full"] if ctx.attention == "eager" else ["none", "full"])
+    for dp, tp, pp, cp in _meshes(ctx, pins, result):
+        sp_options = [pins.sequence_parallel] if pins.sequence_parallel is not None else [tp > 1]
+        per_replica = batch // dp
+        mbs = [b for b in divisors(per_replica) if pins.micro_batch in (None, b)]
+        if not mbs:
+            result.invalid += 1
+            continue
+        for sharding, dp_shard in _shardings(ctx, pins, dp, tp, cp):
+            for sp in sp_options:
+                if sp and tp == 1:
+                    continue
+                statics: dict[str, StaticMemory] = {}
+                for off in _offloads(pins, sharding):
+                    probe = Layout(dp, tp, pp, cp, sharding, dp_shard, sp, 1, 1, "none", None, 1, off)  # type: ignore[arg-type]
+                    static = static_memory(ctx.shape, ctx.cluster, probe, precision=ctx.precision,
+                                           optimizer=ctx.optimizer)
+                    result.evaluated += 1
+                    cpu = max(static.cpu_per_node_first, static.cpu_per_node_last)
+                    if static.floor > limit or cpu > ctx.cluster.cpu_memory_gib * 2**30:
+                        # States alone exceed the GPU (or the host): no micro-batch fits.
+                        result.out_of_memory += len(mbs) * len(ckpts)
+                        if static.floor / limit < result.closest_ratio:
+                            b, m = mbs[0], per_replica // mbs[0]
+                            for schedule, v in _schedules(ctx, pins, pp, m)[:1]:
+                                fields = (dp, tp, pp, cp, sharding, dp_shard, sp, b, m, ckpts[-1], schedule, v, off)
+                                lean = activation_memory(ctx.shape, Layout(*fields), precision=ctx.precision,  # type: ignore[arg-type]
+                                                         attention=ctx.attention)
+                                _track_closest(ctx, result, static, lean, fields)
+                        continue
+                    statics[off] = static
+                if not statics:
+                    continue
+                offs = list(statics)
+                for b in mbs:
+                    m = per_replica // b
+                    schedules = _schedules(ctx, pins, pp, m)
+                    if not schedules:
+                        result.invalid += 1
+                        continue
+                    any_fit_at_b = False
+                    for schedule, v in schedules:
+                        fitted: list[tuple[int, int]] = []
+                        for ckpt in ckpts:
+                            akey = (tp, cp, pp, sp, b, m, schedule, v, ckpt)
+                            acts = activations.get(akey)
+                            if acts is None:
+                                shape_only = Layout(dp, tp, pp, cp, sharding, dp_shard, sp, b, m, ckpt,  # type: ignore[arg-type]
+                                                    schedule, v, "none")  # type: ignore[arg-type]
+                                acts = activations[akey] = activation_memory(
+                                    ctx.shape, shape_only, precision=ctx.precision, attention=ctx.attention)
+                            thrift = statics[offs[-1]]
+                            if combined_total(thrift, acts, pp) > limit:
+                                result.evaluated += 1
+                                result.out_of_memory += len(offs)
+                                _track_closest(ctx, result, thrift, acts, (
+                                    dp, tp, pp, cp, sharding, dp_shard, sp, b, m, ckpt, schedule, v, offs[-1]))
+                                continue
+                            for off in offs:
+                                rank = (CHECKPOINT_RANK[ckpt], OFFLOAD_RANK[off])
+                                if any(c <= rank[0] and o <= rank[1] for c, o in fitted):
+                                    result.dominated += 1
+                                    continue
+                                static = statics[off]
+                                result.evaluated += 1
+                                fields = (dp, tp, pp, cp, sharding, dp_shard, sp, b, m, ckpt, schedule, v, off)
+                                if combined_total(static, acts, pp) > limit:
+                                    result.out_of_memory += 1
+                                    _track_closest(ctx, result, static, acts, fields)
+                                    continue
+                                fitted.append(rank)
+                                any_fit_at_b = True
+                                result.fitting += 1
+                                layout = Layout(*fields)  # type: ignore[arg-type]
+                                cand = Candidate(layout=layout, mem=combine(static, acts, pp), fits=True)
+                                if stop_at_first_fit:
+                                    result.best = cand
+                                    return result
+                                if not timed:
+                                    continue
+                                fkey = (tp, cp, pp, b, sp)
+                                fwd = forwards.get(fkey)
+                                if fwd is None:
+                                    fwd = forwards[fkey] = forward_times(
+                                        ctx.shape, ctx.cluster, layout, precision=ctx.precision,
+                                        attention=ctx.attention)
+                                if result.best is not None and _time_floor(fwd, layout, ctx.attention) > (
+                                        PRUNE_FACTOR * result.best.step_s):
+                                    result.pruned += 1
+                                    for dim in DIMENSIONS:
+                                        result.pruned_dimensions.add((dim, getattr(layout, dim)))
+                                    continue
+                                _rank(ctx, cand, result, fwd, static)
+                    if not any_fit_at_b and not pins.micro_batch and pins.pipeline_schedule != "gpipe":
+                        # Activations only grow with the micro-batch: larger ones cannot fit either.
+                        skipped = len([x for x in mbs if x > b])
+                        result.out_of_memory += skipped * len(schedules) * len(ckpts) * len(offs)
+                        break
+    return result
+
+
+def _track_closest(ctx: Context, result: SearchResult, static: StaticMemory, acts: ActivationMemory,
+                   fields: tuple[object, ...]) -> None:
+    cpu = max(static.cpu_per_node_first, static.cpu_per_node_last) / (ctx.cluster.cpu_memory_gib * 2**30)
+    pressure = max(combined_total(static, acts, int(fields[2])) / ctx.limit, cpu)  # type: ignore[call-overload]
+    if pressure < result.closest_ratio:
+        mem = combine(static, acts, int(fields[2]))  # type: ignore[call-overload]
+        result.closest = Candidate(layout=Layout(*fields), mem=mem, fits=False)  # type: ignore[arg-type]
+        result.closest_ratio = pressure
+
+
+def _time_floor(fwd: ForwardTimes, layout: Layout, attention: str) -> float:
+    """A lower bound of the step time: compute, recompute and bubble, without communication."""
+    per_mb = 3 * (fwd.layers * fwd.layer_f + fwd.head_f)
+    if layout.activation_checkpointing == "full":
+        per_mb += fwd.layers * fwd.layer_f
+    elif layout.activation_checkpointing == "selective" and attention == "eager":
+        per_mb += fwd.layers * fwd.attn_f
+    bubble = (layout.pp - 1) / layout.virtual_stages if layout.pp > 1 else 0.0
+    return (layout.grad_accum_steps + bubble) * per_mb
+
+
+def _rank(ctx: Context, cand: Candidate, result: SearchResult, forward: ForwardTimes,
+          static: StaticMemory) -> None:
+    cand.time = step_time(ctx.shape, ctx.cluster, cand.layout, precision=ctx.precision,
+                          optimizer=ctx.optimizer, attention=ctx.attention, forward=forward,
+                          stages=static.stages)
+    key = cand.key()
+    if result.best is None or key < result.best.key():
+        result.best = cand
+    lay = cand.layout
+    sig = (lay.dp, lay.tp, lay.pp, lay.cp, lay.sharding, lay.dp_shard, lay.offload)
+    held = result.by_signature.get(sig)
+    if held is None or key < held.key():
+        result.by_signature[sig] = cand
+    values = (lay.tp, lay.pp, lay.cp, lay.sharding, lay.activation_checkpointing, lay.offload)
+    for dkey in zip(DIMENSIONS, values, strict=True):
+        held = result.by_dimension.get(dkey)
+        if held is None or key < held.key():
+            result.by_dimension[dkey] = cand
+
+
+def evaluate_layout(ctx: Context, layout: Layout) -> Candidate:
+    """Memory and time of one complete layout, fitting or not."""
+    return _evaluate(ctx, layout)
+
+
+def smallest_fitting_world(ctx: Context) -> int | None:
+    """The smallest GPU count of this kind on which some layout fits (doubling, then bisection
+    over whole nodes; mesh pins other than dp are kept)."""
+    base = ctx.spec.layout.model_copy(update={"dp": None})
+    gpn = ctx.cluster.gpus_per_node if ctx.cluster.world_size >= ctx.spec.resources.gpus_per_node else (
+        ctx.spec.resources.gpus_per_node)
+
+    def fits(world: int) -> bool:
+        res = ctx.spec.resources.model_copy(update={"gpus": world, "nodes": None})
+        try:
+            sub = Context(spec=ctx.spec, shape=ctx.shape, cluster=resolve_cluster(res))
+        except InvalidSpec:
+            return False
+        pins = base
+        for name in ("tp", "pp", "cp"):
+            value = getattr(pins, name)
+            if value is not None and world % value:
+                return False
+        return search(sub, pins, timed=False, stop_at_first_fit=True).best is not None
+
+    sizes = [w for w in (1, 2, 4) if w < gpn] + [gpn]
+    for world in sizes:
+        if fits(world):
+            return world
+    lo, nodes = 1, 2
+    while nodes * gpn <= MAX_WORLD_FOR_FIT_SEARCH:
+        if fits(nodes * gpn):
+            break
+        lo, nodes = nodes, nodes * 2
+    else:
+        return None
+    hi = nodes
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid * gpn):
+            hi = mid
+        else:
+            lo = mid
+    return hi * gpn

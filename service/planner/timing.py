@@ -1,0 +1,264 @@
+"""Step time of one layout: compute, recompute, exposed communication, pipeline bubble, optimizer, offload.
+
+FLOP convention (`FLOP_CONVENTION`): 6 x (matmul parameters: every layer plus the output layer,
+not the embedding lookup) x tokens + 12 x layers x hidden x seq x tokens for attention scores,
+non-causal, without recompute. This is torchtitan's MFU convention and, for a GPT, exactly
+Korthikanti et al. Eq. 7: 72 B L s h^2 (1 + s/6h + V/12hL).
+
+Communication uses a latency + bandwidth model per collective (ring volumes, tree latency) on the
+fabric the group crosses: NVLink when the group's ranks sit in one node, the network otherwise.
+Ranks are ordered pp, dp, cp, tp (tp innermost), so a group's span is its size times its stride.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from service.planner.hardware import Cluster
+from service.planner.layout import Layout
+from service.planner.memory import (
+    StageParams,
+    activation_element_bytes,
+    compute_param_bytes,
+    layer_activation_bytes,
+    stage_params,
+)
+from service.planner.models import ModelShape
+from service.spec import Optimizer, Precision
+
+FLOP_CONVENTION = (
+    "6 x matmul params (layers + output layer, no embedding lookup) x tokens + 12 x layers x hidden"
+    " x seq x tokens (attention, non-causal); recompute excluded (torchtitan; Korthikanti Eq. 7)"
+)
+COMM_EFFICIENCY = 0.8
+DDP_BUCKET_BYTES = 25 * 2**20
+KERNELS_PER_LAYER = 25
+CPU_OPTIMIZER_GBPS_PER_NODE = 200.0
+OPTIMIZER_STEP_BYTES: dict[str, int] = {"adamw": 28, "adam": 28, "sgd": 20, "adam8bit": 16}
+
+
+def model_flops_per_step(shape: ModelShape, global_batch: int) -> float:
+    """Model FLOPs of one optimizer step under `FLOP_CONVENTION`."""
+    tokens = global_batch * shape.seq_len
+    return 6 * shape.matmul_params * tokens + 12 * shape.layers * shape.hidden * shape.seq_len * tokens
+
+
+def recompute_flops_per_step(shape: ModelShape, global_batch: int, checkpointing: str, attention: str) -> float:
+    """Extra forward FLOPs that activation checkpointing spends (full: every layer; selective: the
+    attention core, only stored when attention is eager)."""
+    tokens = global_batch * shape.seq_len
+    core = 4 * shape.layers * shape.hidden * shape.seq_len * tokens
+    if checkpointing == "full":
+        return 2 * shape.layers * shape.layer_matmul_params * tokens + core
+    if checkpointing == "selective" and attention == "eager":
+        return core
+    return 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Fabric:
+    """Collective times on a cluster, in seconds, for messages in bytes."""
+
+    cluster: Cluster
+
+    def _bw(self, span: int) -> float:
+        return self.cluster.link_gbps(span) * 1e9 * COMM_EFFICIENCY
+
+    def all_reduce(self, nbytes: float, n: int, span: int) -> float:
+        if n <= 1:
+            return 0.0
+        lat = self.cluster.latency_s(span) * 2 * math.ceil(math.log2(n))
+        return lat + 2 * (n - 1) / n * nbytes / self._bw(span)
+
+    def all_gather(self, nbytes: float, n: int, span: int) -> float:
+        """Gather (or reduce-scatter) a tensor of `nbytes` in total across `n` ranks."""
+        if n <= 1:
+            return 0.0
+        lat = self.cluster.latency_s(span) * math.ceil(math.log2(n))
+        return lat + (n - 1) / n * nbytes / self._bw(span)
+
+    def p2p(self, nbytes: float, span: int) -> float:
+        return self.cluster.latency_s(span) + nbytes / self._bw(span)
+
+
+@dataclass(frozen=True, slots=True)
+class StepTime:
+    compute_s: float
+    recompute_s: float
+    comm_exposed_s: float
+    bubble_s: float
+    optimizer_s: float
+    offload_s: float
+    comm_dp: float
+    comm_tp: float
+    comm_pp: float
+    comm_cp: float
+    comm_offload: float
+
+    @property
+    def step_s(self) -> float:
+        return (self.compute_s + self.recompute_s + self.comm_exposed_s + self.bubble_s
+                + self.optimizer_s + self.offload_s)
+
+
+def _efficiency(cluster: Cluster, tokens: int, width: float) -> float:
+    """Fraction of peak a GEMM of `tokens` rows and `width` columns reaches: small GEMMs lose."""
+    return cluster.gpu.matmul_efficiency * tokens / (tokens + 256) * width / (width + 128)
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardTimes:
+    """Forward seconds of one micro-batch on the slowest stage, split the way recompute needs them."""
+
+    layer_f: float
+    attn_f: float
+    head_f: float
+    layers: int
+
+
+def forward_times(shape: ModelShape, cluster: Cluster, layout: Layout, *, precision: Precision,
+                  attention: str) -> ForwardTimes:
+    """Depends only on tp, cp, pp, micro-batch and sequence parallelism (the search caches it)."""
+    gpu = cluster.gpu
+    t, cp = layout.tp, layout.cp
+    b = layout.micro_batch
+    s_loc = shape.seq_len // cp
+    tokens = b * s_loc
+    e = activation_element_bytes(precision)
+    hbm = gpu.hbm_gbps * 1e9
+    peak = gpu.peak_tflops[precision] * 1e12
+    attn_peak = gpu.peak_tflops.get("bf16" if precision == "fp8" else precision, peak / 1e12) * 1e12
+    eff = _efficiency(cluster, tokens, shape.hidden / t)
+    causal = 0.5 if attention == "flash" else 1.0
+    mm_f = 2 * tokens * shape.layer_matmul_params / t / (peak * eff)
+    attn_f = causal * 4 * b * s_loc * shape.seq_len * shape.hidden / t / (attn_peak * eff)
+    act_bytes = layer_activation_bytes(
+        shape, micro_batch=b, seq_local=s_loc, tp=t, sequence_parallel=layout.sequence_parallel,
+        checkpointing="none", attention=attention, precision=precision)
+    layer_f = mm_f + attn_f + act_bytes / hbm + KERNELS_PER_LAYER * gpu.launch_overhead_s
+    if cp > 1:
+        # Ring attention runs one attention kernel per ring step and merges the partial outputs
+        # (fp32 output and log-sum-exp) after each.
+        merge = (cp - 1) * 2 * tokens * shape.hidden / t * 4 / hbm
+        layer_f += merge + (cp - 1) * 4 * gpu.launch_overhead_s
+        attn_f += merge
+    head_f = 2 * tokens * shape.vocab * shape.hidden / t / (peak * eff) + (e + 8) * tokens * shape.vocab / t / hbm
+    return ForwardTimes(layer_f=layer_f, attn_f=attn_f, head_f=head_f,
+                        layers=math.ceil(shape.layers / layout.pp))
+
+
+def step_time(shape: ModelShape, cluster: Cluster, layout: Layout, *, precision: Precision,
+              optimizer: Optimizer, attention: str, forward: ForwardTimes | None = None,
+              stages: StageParams | None = None) -> StepTime:
+    """Seconds per optimizer step on the slowest pipeline stage (the last: it adds the output layer).
+
+    `forward` may carry `forward_times` of a layout with the same tp, cp, pp, micro-batch and SP,
+    `stages` the `stage_params` of one with the same tp and pp.
+    """
+    gpu = cluster.gpu
+    t, p, cp, v = layout.tp, layout.pp, layout.cp, layout.virtual_stages
+    b, m = layout.micro_batch, layout.grad_accum_steps
+    s_loc = shape.seq_len // cp
+    tokens = b * s_loc
+    e = activation_element_bytes(precision)
+    if stages is None:
+        stages = stage_params(shape, layout)
+    if forward is None:
+        forward = forward_times(shape, cluster, layout, precision=precision, attention=attention)
+    layers, layer_f, attn_f = forward.layers, forward.layer_f, forward.attn_f
+    t_f = layers * layer_f + forward.head_f
+    t_b = 2 * t_f
+    ckpt = layout.activation_checkpointing
+    if ckpt == "full":
+        t_r = layers * layer_f
+    elif ckpt == "selective" and attention == "eager":
+        t_r = layers * attn_f
+    else:
+        t_r = 0.0
+    fabric = Fabric(cluster)
+
+    # Tensor parallel: 2 all-reduces (or all-gather + reduce-scatter with SP) forward, 2 backward,
+    # 2 more when full recompute replays the forward; on the critical path.
+    tp_msg = tokens * shape.hidden * e
+    tp_colls = layers * (4 + (2 if ckpt == "full" else 0))
+    tp_time = tp_colls * fabric.all_reduce(tp_msg, t, t)
+    tp_bytes = tp_colls * 2 * (t - 1) / t * tp_msg if t > 1 else 0.0
+
+    # Context parallel (ring attention): K and V go around the ring forward, K, V, dK, dV backward;
+    # overlapped with the attention core.
+    cp_time = cp_bytes = 0.0
+    if cp > 1:
+        kv = 2 * b * s_loc * shape.kv_hidden / t * e
+        span = t * cp
+        cp_f = (cp - 1) * fabric.p2p(kv, span)
+        cp_time = layers * (max(0.0, cp_f - attn_f) + max(0.0, 2 * cp_f - 2 * attn_f))
+        cp_bytes = layers * 3 * (cp - 1) * kv * m
+
+    # Pipeline: one activation forward and one gradient backward per micro-batch and chunk; about
+    # half of it hides behind compute in the steady state.
+    pp_time = pp_bytes = 0.0
+    if p > 1:
+        pp_msg = tokens * shape.hidden * e / (t if layout.sequence_parallel else 1)
+        pp_span = 2 * layout.dp * cp * t
+        pp_time = 0.5 * 2 * m * v * fabric.p2p(pp_msg, pp_span)
+        pp_bytes = 2 * m * v * pp_msg
+
+    # Data parallel.
+    psi = stages.last if p > 1 else stages.first
+    dp_n = layout.dp * cp
+    dp_span = t * dp_n
+    lowp = compute_param_bytes(precision)
+    sharding = layout.sharding
+    units = layers + 1
+    per_mb_dp = once_dp = dp_bytes = 0.0
+    if sharding in ("ddp", "zero1"):
+        ar = fabric.all_reduce(4 * psi, dp_n, dp_span)
+        last_bucket = ar * min(1.0, DDP_BUCKET_BYTES / max(4 * psi, 1.0))
+        once_dp = max(ar - t_b, last_bucket)
+        dp_bytes = 2 * (dp_n - 1) / dp_n * 4 * psi if dp_n > 1 else 0.0
+        if sharding == "zero1" and dp_n > 1:
+            once_dp += fabric.all_gather(4 * psi, dp_n, dp_span)
+            dp_bytes += (dp_n - 1) / dp_n * 4 * psi
+    else:
+        n = layout.shard_group
+        shard_span = t * n
+        ag = fabric.all_gather(lowp * psi, n, shard_span)
+        rs = fabric.all_gather(4 * psi, n, shard_span)
+        replicas = layout.replicas
+        ar_rep = fabric.all_reduce(4 * psi / n, replicas, dp_span) if replicas > 1 else 0.0
+        ag_b = ag if sharding != "zero2" else 0.0
+        exposed_f = max(0.0, ag - t_f) + ag / units
+        exposed_b = max(0.0, ag_b + rs + ar_rep - t_b - t_r) + (rs + ar_rep) / units
+        per_mb_dp = exposed_f + exposed_b
+        gathers = 1 if sharding == "zero2" else 2
+        if n > 1:
+            dp_bytes = m * (n - 1) / n * (gathers * lowp * psi + 4 * psi)
+        if replicas > 1:
+            dp_bytes += m * 2 * (replicas - 1) / replicas * 4 * psi / n
+
+    # Optimizer step (memory-bound over the local shard) and offload traffic.
+    shard = psi / layout.shard_group
+    optimizer_s = OPTIMIZER_STEP_BYTES[optimizer] * shard / (gpu.hbm_gbps * 1e9)
+    offload_s = offload_bytes = 0.0
+    if layout.offload != "none":
+        node_share = min(cluster.gpus_per_node, cluster.world_size)
+        cpu_opt = OPTIMIZER_STEP_BYTES[optimizer] * shard / (CPU_OPTIMIZER_GBPS_PER_NODE * 1e9 / node_share)
+        pcie = gpu.pcie_gbps * 1e9
+        if layout.offload == "optimizer":
+            offload_bytes = 8 * shard
+            offload_s = cpu_opt + offload_bytes / pcie
+        else:
+            offload_bytes = m * 3 * 4 * shard
+            offload_s = cpu_opt + max(0.0, offload_bytes / pcie - 0.5 * m * (t_f + t_b))
+        optimizer_s = 0.0
+
+    compute_s = m * (t_f + t_b)
+    recompute_s = m * t_r
+    bubble_s = (p - 1) / v * (t_f + t_b + t_r) if p > 1 else 0.0
+    comm_exposed = m * (tp_time + cp_time + per_mb_dp) + pp_time + once_dp
+    return StepTime(
+        compute_s=compute_s, recompute_s=recompute_s, comm_exposed_s=comm_exposed, bubble_s=bubble_s,
+        optimizer_s=optimizer_s, offload_s=offload_s, comm_dp=dp_bytes, comm_tp=m * tp_bytes,
+        comm_pp=pp_bytes, comm_cp=cp_bytes, comm_offload=offload_bytes,
+    )

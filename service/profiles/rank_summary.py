@@ -1,0 +1,169 @@
+"""Everything about one rank: partition, idle split, overlap, top kernels/ops, launches, collectives."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from service.profiles.classify import LAUNCH_RUNTIME, MEMORY_BOUND_PROXY, EventClass, short_name, subcategory
+from service.profiles.collectives import Instance, summarize
+from service.profiles.events import RankTrace
+from service.profiles.intervals import intersect, measure, union
+from service.profiles.models import HtaCompat, LaunchStats, Overlap, RankSummary, StepResult, TopItem
+from service.profiles.partition import add_idle, add_partitions, idle_breakdown, partition_window
+from service.profiles.stats import pct, percentile, std
+from service.profiles.timeline import Timeline, Window
+
+TOP_N = 10
+
+
+def _in_windows(ts: float, windows: list[Window]) -> bool:
+    return any(w.start <= ts < w.end for w in windows)
+
+
+def _self_times(t: RankTrace, items: list[int]) -> dict[int, float]:
+    """Self time of nested CPU ops per thread (inclusive time minus direct children)."""
+    self_t = {i: t.dur[i] for i in items}
+    by_thread: dict[int, list[int]] = defaultdict(list)
+    for i in items:
+        by_thread[t.thread_idx[i]].append(i)
+    for evs in by_thread.values():
+        evs.sort(key=lambda i: (t.ts[i], -t.dur[i]))
+        stack: list[int] = []
+        for i in evs:
+            while stack and t.ts[stack[-1]] + t.dur[stack[-1]] <= t.ts[i]:
+                stack.pop()
+            if stack:
+                self_t[stack[-1]] -= t.dur[i]
+            stack.append(i)
+    return self_t
+
+
+def _top_items(
+    t: RankTrace, tl: Timeline, windows: list[Window], window_us: float
+) -> tuple[list[TopItem], float]:
+    items = [i for i in tl.item_events if _in_windows(t.ts[i], windows)]
+    self_t = _self_times(t, items) if tl.basis == "cpu_ops" else {}
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i in items:
+        groups[t.name(i)].append(i)
+    rows: list[TopItem] = []
+    proxy = compute_total = 0.0
+    for name, idx in groups.items():
+        cls = tl.item_class[idx[0]]
+        durs = [t.dur[i] for i in idx]
+        selfs = [self_t[i] for i in idx] if self_t else None
+        weight = sum(selfs) if selfs is not None else sum(durs)
+        sub = subcategory(name, cls)
+        if cls is EventClass.compute:
+            compute_total += weight
+            if sub in MEMORY_BOUND_PROXY:
+                proxy += weight
+        rows.append(
+            TopItem(
+                name=name,
+                short_name=short_name(name),
+                category=cls.value,
+                subcategory=sub,
+                count=len(idx),
+                total_us=round(sum(durs), 3),
+                self_us=None if selfs is None else round(sum(selfs), 3),
+                mean_us=round(sum(durs) / len(durs), 3),
+                p50_us=round(percentile(durs, 50), 3),
+                min_us=round(min(durs), 3),
+                max_us=round(max(durs), 3),
+                std_us=round(std(durs), 3),
+                pct_of_window=pct(weight, window_us),
+            )
+        )
+    rows.sort(key=lambda r: -(r.self_us if r.self_us is not None else r.total_us))
+    return rows[:TOP_N], pct(proxy, compute_total)
+
+
+def _launch_stats(t: RankTrace, tl: Timeline, windows: list[Window]) -> LaunchStats | None:
+    if tl.basis != "gpu_kernels":
+        return None
+    runtime: dict[int, int] = {}
+    for i in range(len(t)):
+        if t.stream[i] < 0 and t.correlation[i] >= 0 and t.name(i) in LAUNCH_RUNTIME:
+            runtime.setdefault(t.correlation[i], i)
+    cpu_d: list[float] = []
+    delays: list[float] = []
+    short = n_gpu = lt10 = 0
+    for g in tl.item_events:
+        if tl.item_class[g] is EventClass.other or not _in_windows(t.ts[g], windows):
+            continue
+        n_gpu += 1
+        lt10 += t.dur[g] < 10
+        r = runtime.get(t.correlation[g])
+        if r is None:
+            continue
+        cpu_d.append(t.dur[r])
+        delays.append(max(0.0, t.ts[g] - (t.ts[r] + t.dur[r])))
+        short += t.dur[g] < t.dur[r]
+    return LaunchStats(
+        n_launches=len(cpu_d),
+        cpu_launch_us_sum=round(sum(cpu_d), 3),
+        cpu_launch_us_p50=round(percentile(cpu_d, 50), 3),
+        cpu_launch_us_p95=round(percentile(cpu_d, 95), 3),
+        launch_delay_us_p50=round(percentile(delays, 50), 3),
+        launch_delay_us_p95=round(percentile(delays, 95), 3),
+        launch_delay_us_max=round(max(delays, default=0.0), 3),
+        short_kernels=short,
+        runtime_outliers=sum(d > 50 for d in cpu_d),
+        launch_delay_outliers=sum(d > 100 for d in delays),
+        kernels_lt_10us_pct=pct(lt10, n_gpu),
+    )
+
+
+def rank_summary(
+    rank: int, t: RankTrace, tl: Timeline, instances: list[Instance], peer_wait_us: float, hta: HtaCompat
+) -> RankSummary:
+    windows = tl.windows
+    per_step: list[StepResult] = []
+    idles = []
+    for w in windows:
+        part, idle = partition_window(tl, w.start, w.end)
+        per_step.append(
+            StepResult(step=w.step, start_us=w.start, duration_us=round(w.end - w.start, 3), partition=part)
+        )
+        idles.append(idle_breakdown(tl, idle))
+    partition = add_partitions([s.partition for s in per_step])
+    window_us = partition.window_us
+    win_u = union((w.start, w.end) for w in windows)
+    comp, comm, mem = intersect(tl.compute, win_u), intersect(tl.comm, win_u), intersect(tl.memory, win_u)
+    comm_us = measure(comm)
+    exposed = partition.comm_only_us + partition.comm_memory_us
+    top, proxy = _top_items(t, tl, windows, window_us)
+    in_win = [c for c in instances if _in_windows(c.start, windows)]
+    warnings = list(tl.warnings)
+    if windows and windows[0].step is not None and len(windows) > 1:
+        warnings.append(f"step {windows[0].step} is the first profiled step and may absorb one-off work")
+    return RankSummary(
+        rank=rank,
+        file=str(t.path),
+        timeline_basis="gpu_kernels" if tl.basis == "gpu_kernels" else "cpu_ops",
+        steps_present=tl.steps_present,
+        steps_analyzed=[w.step for w in windows if w.step is not None],
+        step_time_us_mean=round(window_us / len(windows), 3) if windows else 0.0,
+        window_us=window_us,
+        partition=partition,
+        idle=add_idle(idles) if idles else idle_breakdown(tl, []),
+        overlap=Overlap(
+            comm_overlapped_by_compute_pct=pct(measure(intersect(comp, comm)), comm_us) if comm_us else None,
+            exposed_comm_us=round(exposed, 3),
+            exposed_comm_pct_of_window=pct(exposed, window_us),
+            waiting_on_peer_us=round(peer_wait_us, 3),
+        ),
+        totals_us={
+            "compute": round(measure(comp), 3),
+            "comm": round(comm_us, 3),
+            "memory": round(measure(mem), 3),
+        },
+        per_step=per_step,
+        top_items=top,
+        collectives=summarize(in_win),
+        launch=_launch_stats(t, tl, windows),
+        memory_bound_proxy_pct_of_compute=proxy,
+        hta_compat=hta,
+        warnings=warnings,
+    )

@@ -1,0 +1,171 @@
+"""Streaming reader for Chrome/Kineto trace JSON (plain or gzip).
+
+Contract: ``read_trace(path, on_event)`` parses the top-level JSON object incrementally and calls
+``on_event`` once per element of ``traceEvents``; it returns the other top-level keys (metadata).
+Memory stays bounded by the chunk size plus the largest single JSON value (an event, or a metadata
+value such as ``deviceProperties``): the file as a whole is never held in memory. A single value larger
+than ``max_value_chars`` is rejected, so a pathological file cannot grow the buffer without bound.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from service.profiles.errors import TraceError
+
+CHUNK_CHARS = 1 << 20
+DEFAULT_MAX_VALUE_CHARS = 64 << 20
+_WS = " \t\r\n"
+
+
+def _open_text(path: Path) -> IO[str]:
+    with path.open("rb") as probe:
+        magic = probe.read(2)
+    if magic == b"\x1f\x8b":
+        return gzip.open(path, "rt", encoding="utf-8")
+    return path.open("r", encoding="utf-8")
+
+
+class _Scanner:
+    """A sliding text buffer over a file with a JSON value decoder that refills on demand."""
+
+    def __init__(self, path: Path, fh: IO[str], max_value_chars: int) -> None:
+        self.path = path
+        self.fh = fh
+        self.max_value_chars = max_value_chars
+        self.buf = ""
+        self.pos = 0
+        self.eof = False
+        self.decoder = json.JSONDecoder()
+
+    def _fill(self) -> bool:
+        if self.eof:
+            return False
+        try:
+            chunk = self.fh.read(CHUNK_CHARS)
+        except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+            raise TraceError(self.path, f"truncated or corrupt gzip stream ({exc})") from exc
+        except UnicodeDecodeError as exc:
+            raise TraceError(self.path, f"not UTF-8 text, so not a JSON trace ({exc.reason})") from exc
+        if not chunk:
+            self.eof = True
+            return False
+        if self.pos:
+            self.buf = self.buf[self.pos :]
+            self.pos = 0
+        self.buf += chunk
+        return True
+
+    def peek(self) -> str:
+        """Skip whitespace and return the next character ('' at end of input)."""
+        while True:
+            while self.pos < len(self.buf) and self.buf[self.pos] in _WS:
+                self.pos += 1
+            if self.pos < len(self.buf):
+                return self.buf[self.pos]
+            if not self._fill():
+                return ""
+
+    def expect(self, chars: str, where: str) -> str:
+        ch = self.peek()
+        if ch == "" or ch not in chars:
+            found = "end of file" if ch == "" else repr(ch)
+            raise TraceError(
+                self.path,
+                f"not a JSON trace: expected {' or '.join(map(repr, chars))} {where}, found {found}",
+            )
+        self.pos += 1
+        return ch
+
+    def value(self, where: str) -> Any:
+        """Decode one complete JSON value at the current position."""
+        self.peek()
+        while True:
+            try:
+                obj, end = self.decoder.raw_decode(self.buf, self.pos)
+            except json.JSONDecodeError as exc:
+                truncated = exc.msg.startswith("Unterminated string") or exc.pos >= len(self.buf) - 1
+                if truncated and self._need_more():
+                    continue
+                raise TraceError(self.path, f"invalid JSON {where}: {exc.msg} (char {exc.pos})") from exc
+            scalar_at_end = end >= len(self.buf) and not isinstance(obj, dict | list | str)
+            if scalar_at_end and not self.eof and self._fill():  # a number may continue in the next chunk
+                continue
+            if end - self.pos > self.max_value_chars:
+                self._too_large()
+            self.pos = end
+            return obj
+
+    def _too_large(self) -> None:
+        raise TraceError(
+            self.path,
+            f"a single JSON value is larger than {self.max_value_chars} characters; refusing to buffer it",
+        )
+
+    def _need_more(self) -> bool:
+        if len(self.buf) - self.pos > self.max_value_chars:
+            self._too_large()
+        return self._fill()
+
+
+def _iter_array(sc: _Scanner, where: str) -> Iterator[Any]:
+    sc.expect("[", f"at the start of {where}")
+    if sc.peek() == "]":
+        sc.pos += 1
+        return
+    while True:
+        yield sc.value(f"in {where}")
+        if sc.expect(",]", f"after an element of {where}") == "]":
+            return
+
+
+def read_trace(
+    path: Path, on_event: Callable[[Any], None], max_value_chars: int = DEFAULT_MAX_VALUE_CHARS
+) -> dict[str, Any]:
+    """Stream ``path``; call ``on_event`` for each ``traceEvents`` element; return the other keys.
+
+    Raises ``TraceError`` when the file is missing, is not JSON, is truncated, has no ``traceEvents``
+    array, or holds a single value over ``max_value_chars``.
+    """
+    try:
+        fh = _open_text(path)
+    except OSError as exc:
+        raise TraceError(path, f"cannot open: {exc.strerror or exc}") from exc
+    meta: dict[str, Any] = {}
+    seen_events = False
+    with fh:
+        sc = _Scanner(path, fh, max_value_chars)
+        first = sc.peek()
+        if first != "{":
+            raise TraceError(
+                path,
+                "not a JSON trace: expected a JSON object ('{') at the start of the file, found "
+                + ("end of file" if first == "" else repr(first)),
+            )
+        sc.pos += 1
+        if sc.peek() == "}":
+            sc.pos += 1
+        else:
+            while True:
+                key = sc.value("as an object key")
+                if not isinstance(key, str):
+                    raise TraceError(path, "not a JSON trace: object key is not a string")
+                sc.expect(":", f"after key {key!r}")
+                if key == "traceEvents":
+                    seen_events = True
+                    for event in _iter_array(sc, "traceEvents"):
+                        on_event(event)
+                else:
+                    meta[key] = sc.value(f"in the value of {key!r}")
+                if sc.expect(",}", "between top-level keys") == "}":
+                    break
+        if sc.peek() != "":
+            raise TraceError(path, "not a JSON trace: extra data after the top-level object")
+    if not seen_events:
+        raise TraceError(path, "JSON has no 'traceEvents' array: not a Chrome/Kineto trace")
+    return meta

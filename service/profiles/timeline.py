@@ -1,0 +1,203 @@
+"""Per-rank class unions (compute / comm / memory) and step windows, for GPU or CPU-only traces.
+
+GPU traces (``timeline_basis="gpu_kernels"``): events on GPU streams, classed by ``classify_gpu_event``;
+each ``ProfilerStep#N`` maps to the device window [first start, last end] of the GPU events launched
+from it (linked by ``correlation``). CPU-only traces (``"cpu_ops"``, e.g. gloo): communication is the
+union of backend ops (``gloo:*``...) on any thread; compute is the union of ``cpu_op`` events on the
+training threads minus collective enqueue ops, copy ops (memory proxy) and DataLoader time.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+from service.profiles.classify import (
+    COMM_BACKEND_OP,
+    COMM_ENQUEUE_OP,
+    CPU_COPY_OP,
+    DATA_LOADER,
+    GPU_EVENT_CATS,
+    HOST_SYNC_OP,
+    PROFILER_STEP,
+    EventClass,
+    classify_gpu_event,
+)
+from service.profiles.events import RankTrace
+from service.profiles.intervals import Interval, Union, subtract, union
+
+GPU_CLASSES = ("kernel", "Kernel", "gpu_memcpy", "gpu_memset", "Memcpy", "Memset")
+
+
+@dataclass
+class Window:
+    step: int | None
+    start: float
+    end: float
+
+
+@dataclass
+class Timeline:
+    basis: str
+    compute: Union
+    comm: Union
+    memory: Union
+    data_loader: Union
+    host_sync: Union
+    windows: list[Window]
+    steps_present: list[int]
+    item_events: list[int]
+    item_class: dict[int, EventClass]
+    gpu_starts: list[float] = field(default_factory=list)
+    gpu_launch_ts: list[float] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _step_events(t: RankTrace) -> tuple[int | None, list[tuple[int, int]]]:
+    """(step thread, [(step number, event index)]) for ProfilerStep#N annotations on the CPU side."""
+    found: list[tuple[int, int]] = []
+    per_thread: Counter[int] = Counter()
+    for i in range(len(t)):
+        if t.stream[i] >= 0:
+            continue
+        m = PROFILER_STEP.match(t.name(i))
+        if m and t.cat(i) != "gpu_user_annotation":
+            found.append((int(m.group(1)), i))
+            per_thread[t.thread_idx[i]] += 1
+    if not found:
+        return None, []
+    thread = per_thread.most_common(1)[0][0]
+    steps = sorted((s, i) for s, i in found if t.thread_idx[i] == thread)
+    return thread, steps
+
+
+def build_timeline(t: RankTrace) -> Timeline:
+    has_gpu = any(t.stream[i] >= 0 and t.cat(i) in GPU_CLASSES for i in range(len(t)))
+    return _gpu_timeline(t) if has_gpu else _cpu_timeline(t)
+
+
+def _named_union(t: RankTrace, rx: re.Pattern[str], threads: set[int] | None = None) -> Union:
+    return union(
+        (t.ts[i], t.ts[i] + t.dur[i])
+        for i in range(len(t))
+        if t.stream[i] < 0 and (threads is None or t.thread_idx[i] in threads) and rx.match(t.name(i))
+    )
+
+
+def _gpu_timeline(t: RankTrace) -> Timeline:
+    classes: dict[int, EventClass] = {}
+    parts: dict[EventClass, list[Interval]] = {c: [] for c in EventClass}
+    for i in range(len(t)):
+        if t.stream[i] < 0 or t.cat(i) not in GPU_EVENT_CATS:
+            continue
+        args = t.size_args.get(i, {})
+        cls = classify_gpu_event(t.name(i), t.cat(i), "Collective name" in args)
+        classes[i] = cls
+        parts[cls].append((t.ts[i], t.ts[i] + t.dur[i]))
+    launch_ts: dict[int, float] = {}
+    for i in range(len(t)):
+        if t.stream[i] < 0 and t.correlation[i] >= 0 and i not in classes:
+            launch_ts.setdefault(t.correlation[i], t.ts[i])
+    gpu = sorted(i for i, c in classes.items() if c is not EventClass.other)
+    by_start = sorted(gpu, key=lambda i: t.ts[i])
+    tl = Timeline(
+        basis="gpu_kernels",
+        compute=union(parts[EventClass.compute]),
+        comm=union(parts[EventClass.comm]),
+        memory=union(parts[EventClass.memory]),
+        data_loader=_named_union(t, DATA_LOADER),
+        host_sync=_named_union(t, HOST_SYNC_OP),
+        windows=[],
+        steps_present=[],
+        item_events=sorted(classes),
+        item_class=classes,
+        gpu_starts=[t.ts[i] for i in by_start],
+        gpu_launch_ts=[launch_ts.get(t.correlation[i], float("-inf")) for i in by_start],
+    )
+    if not tl.comm and t.meta.get("distributedInfo", {}).get("backend") == "nccl":
+        tl.warnings.append("backend is nccl but no communication kernels were recognised")
+    _, steps = _step_events(t)
+    tl.steps_present = [s for s, _ in steps]
+    if not steps:
+        if gpu:
+            tl.windows = [Window(None, min(t.ts[i] for i in gpu), max(t.ts[i] + t.dur[i] for i in gpu))]
+        tl.warnings.append("no ProfilerStep annotations: the window is the span of all GPU events")
+        return tl
+    starts = [t.ts[si] for _, si in steps]
+    spans: list[list[float]] = [[float("inf"), float("-inf")] for _ in steps]
+    for i in gpu:
+        lt = launch_ts.get(t.correlation[i])
+        if lt is None:
+            continue
+        k = bisect.bisect_right(starts, lt) - 1
+        if k >= 0 and lt < starts[k] + t.dur[steps[k][1]]:
+            spans[k][0] = min(spans[k][0], t.ts[i])
+            spans[k][1] = max(spans[k][1], t.ts[i] + t.dur[i])
+    for (step, si), (lo, hi) in zip(steps, spans, strict=True):
+        if hi > lo:
+            tl.windows.append(Window(step, lo, hi))
+        else:
+            tl.windows.append(Window(step, t.ts[si], t.ts[si] + t.dur[si]))
+    return tl
+
+
+def _cpu_timeline(t: RankTrace) -> Timeline:
+    step_thread, steps = _step_events(t)
+    comm_threads = {t.thread_idx[i] for i in range(len(t)) if COMM_BACKEND_OP.match(t.name(i))}
+    comm = union((t.ts[i], t.ts[i] + t.dur[i]) for i in range(len(t)) if COMM_BACKEND_OP.match(t.name(i)))
+    warnings: list[str] = []
+    op_threads = {t.thread_idx[i] for i in range(len(t)) if t.cat(i) == "cpu_op"} - comm_threads
+    if step_thread is not None:
+        pid = t.threads[step_thread][0]
+        op_threads = {th for th in op_threads if t.threads[th][0] == pid} | {step_thread}
+    enqueue = _named_union(t, COMM_ENQUEUE_OP, op_threads)
+    if not comm and enqueue:
+        comm = enqueue
+        warnings.append(
+            "no backend collective spans (gloo:/nccl:...): communication approximated by the "
+            "c10d enqueue ops, which miss the time spent waiting"
+        )
+    loader = _named_union(t, DATA_LOADER, op_threads)
+    ops = union(
+        (t.ts[i], t.ts[i] + t.dur[i])
+        for i in range(len(t))
+        if t.cat(i) == "cpu_op" and t.thread_idx[i] in op_threads
+    )
+    memory = subtract(subtract(_named_union(t, CPU_COPY_OP, op_threads), enqueue), loader)
+    compute = subtract(subtract(subtract(ops, enqueue), memory), loader)
+    items = [i for i in range(len(t)) if t.cat(i) == "cpu_op" and t.thread_idx[i] in op_threads]
+    item_class = {
+        i: (
+            EventClass.comm
+            if COMM_ENQUEUE_OP.match(t.name(i))
+            else EventClass.memory
+            if CPU_COPY_OP.match(t.name(i))
+            else EventClass.compute
+        )
+        for i in items
+    }
+    tl = Timeline(
+        basis="cpu_ops",
+        compute=compute,
+        comm=comm,
+        memory=memory,
+        data_loader=loader,
+        host_sync=[],
+        windows=[Window(s, t.ts[i], t.ts[i] + t.dur[i]) for s, i in steps],
+        steps_present=[s for s, _ in steps],
+        item_events=items,
+        item_class=item_class,
+        warnings=warnings,
+    )
+    if not steps and items:
+        tl.windows = [Window(None, min(t.ts[i] for i in items), max(t.ts[i] + t.dur[i] for i in items))]
+        tl.warnings.append("no ProfilerStep annotations: the window is the span of all CPU ops")
+    return tl
+
+
+def next_gpu_launch(tl: Timeline, at: float) -> float | None:
+    """Launch time of the first GPU event that starts at or after ``at`` (None if none)."""
+    k = bisect.bisect_left(tl.gpu_starts, at)
+    return tl.gpu_launch_ts[k] if k < len(tl.gpu_starts) else None

@@ -1,0 +1,157 @@
+"""Time model: FLOP conventions, collective volumes, bubble, and a published throughput."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.planner import InvalidSpec, Layout, estimate
+from service.planner.models import resolve_model
+from service.planner.timing import model_flops_per_step, recompute_flops_per_step
+from service.spec import ModelSpec
+from tests.conftest import make_spec
+from tests.planner.test_memory import layout
+
+GPT_NO_BIAS = ModelSpec(layers=96, hidden=12288, heads=96, vocab=51200, seq_len=2048, mlp="gelu",
+                        norm="layernorm", tied_embeddings=True, positional="learned", bias=False)
+
+
+def test_model_flops_are_korthikanti_eq7_exactly() -> None:
+    shape = resolve_model(GPT_NO_BIAS)
+    B, L, s, h, V = 1536, shape.layers, shape.seq_len, shape.hidden, shape.vocab
+    eq7 = 72 * B * L * s * h * h * (1 + s / (6 * h) + V / (12 * h * L))
+    assert model_flops_per_step(shape, B) == pytest.approx(eq7, rel=1e-12)
+
+
+def test_full_recompute_hardware_flops_are_narayanan_eq3_exactly() -> None:
+    # Eq. 3 counts the recompute forward: 96 B s l h^2 (1 + s/6h + V/16lh).
+    shape = resolve_model(GPT_NO_BIAS)
+    B, L, s, h, V = 1536, shape.layers, shape.seq_len, shape.hidden, shape.vocab
+    eq3 = 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+    total = model_flops_per_step(shape, B) + recompute_flops_per_step(shape, B, "full", "flash")
+    assert total == pytest.approx(eq3, rel=1e-12)
+
+
+def test_selective_recompute_costs_only_the_attention_core_forward() -> None:
+    shape = resolve_model(GPT_NO_BIAS)
+    B = 8
+    extra = recompute_flops_per_step(shape, B, "selective", "eager")
+    assert extra == 4 * shape.layers * shape.hidden * shape.seq_len**2 * B
+    assert recompute_flops_per_step(shape, B, "selective", "flash") == 0  # nothing quadratic to rebuild
+    assert recompute_flops_per_step(shape, B, "none", "eager") == 0
+
+
+def _gpt1t_spec():
+    return make_spec(model={"preset": "gpt-1t"}, training={"global_batch": 3072, "precision": "fp16"},
+                     resources={"gpu": "A100-SXM-80GB", "nodes": 384})
+
+
+def test_narayanan_1t_run_throughput_is_reproduced_within_15_percent() -> None:
+    # Narayanan et al. 2021: 1T parameters on 3072 A100s with t=8, p=64, d=6, B=3072, b=1 and
+    # activation recompute reached 502 PFLOP/s in their Eq. 3 convention: 163 TFLOP/s per GPU.
+    spec = _gpt1t_spec()
+    p = estimate(spec, Layout(dp=6, tp=8, pp=64, cp=1, sharding="ddp", dp_shard=1, sequence_parallel=False,
+                              micro_batch=1, grad_accum_steps=512, activation_checkpointing="full",
+                              pipeline_schedule="interleaved", virtual_stages=2, offload="none"))
+    shape = resolve_model(spec.model)
+    B, s, L, h, V = 3072, shape.seq_len, shape.layers, shape.hidden, shape.vocab
+    eq3 = 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+    per_gpu = eq3 / p.time.step_s / 3072
+    assert p.fits
+    assert per_gpu == pytest.approx(163e12, rel=0.15)
+
+
+def test_pipeline_bubble_is_p_minus_1_over_m() -> None:
+    spec = make_spec(model={"preset": "llama-3.1-70b"}, training={"global_batch": 64}, resources={"nodes": 4})
+    for sched, v in (("1f1b", 1), ("gpipe", 1), ("interleaved", 2)):
+        p = estimate(spec, layout(dp=2, tp=8, pp=2, sharding="fsdp", dp_shard=2, sequence_parallel=True,
+                                  grad_accum_steps=32, pipeline_schedule=sched, virtual_stages=v,
+                                  activation_checkpointing="full"))
+        t = p.time
+        assert t.bubble_s / (t.compute_s + t.recompute_s) == pytest.approx((2 - 1) / 32 / v, rel=1e-9)
+
+
+def test_zero3_moves_1_5x_ddp_volume_independent_of_layer_count() -> None:
+    # fp32 so that every collective moves 4-byte elements: ZeRO-3 is AG + AG + RS = 3Ψ(n-1)/n,
+    # DDP's all-reduce 2Ψ(n-1)/n.
+    def dp_bytes(layers: int, sharding: str) -> int:
+        spec = make_spec(model={"preset": "llama-2-7b", "layers": layers},
+                         training={"precision": "fp32", "global_batch": 8})
+        p = estimate(spec, layout(sharding=sharding, dp_shard=1 if sharding == "ddp" else 8, grad_accum_steps=1,
+                                  activation_checkpointing="full"))
+        return p.comm.dp
+
+    assert dp_bytes(32, "fsdp") / dp_bytes(32, "ddp") == pytest.approx(1.5, rel=1e-6)
+    shape32 = resolve_model(ModelSpec(preset="llama-2-7b"))
+    psi = shape32.total_params
+    assert dp_bytes(32, "fsdp") == pytest.approx(3 * psi * 4 * 7 / 8, rel=1e-6)
+    # Same parameter count spread over 16 wider layers would move the same bytes: volume is per
+    # parameter, not per layer.
+    shape16 = resolve_model(ModelSpec(preset="llama-2-7b", layers=16))
+    assert dp_bytes(16, "fsdp") / shape16.total_params == pytest.approx(dp_bytes(32, "fsdp") / psi, rel=1e-6)
+
+
+def test_fsdp_regathers_parameters_every_micro_batch() -> None:
+    spec = make_spec(training={"global_batch": 32})
+    one = estimate(spec, layout(micro_batch=4, grad_accum_steps=1, activation_checkpointing="full"))
+    four = estimate(spec, layout(micro_batch=1, grad_accum_steps=4, activation_checkpointing="full"))
+    assert four.comm.dp == pytest.approx(4 * one.comm.dp, rel=1e-9)
+
+
+def test_tensor_parallel_volume_is_narayanan_8bsh_per_layer() -> None:
+    spec = make_spec(training={"global_batch": 8})
+    t, b, m = 4, 2, 2
+    p = estimate(spec, layout(dp=2, tp=t, sharding="fsdp", dp_shard=2, sequence_parallel=True, micro_batch=b,
+                              grad_accum_steps=m))
+    shape = resolve_model(spec.model)
+    per_layer = 8 * b * shape.seq_len * shape.hidden * (t - 1) / t * 2  # elements x 2 bytes (bf16)
+    assert p.comm.tp == pytest.approx(m * shape.layers * per_layer, rel=1e-9)
+
+
+def test_tensor_parallel_across_nodes_is_slower_and_warned() -> None:
+    spec = make_spec(model={"preset": "gpt3-175b"}, training={"global_batch": 64}, resources={"nodes": 8})
+    kw = {"pp": 4, "sharding": "ddp", "dp_shard": 1, "sequence_parallel": True,
+          "pipeline_schedule": "1f1b", "activation_checkpointing": "full"}
+    inside = estimate(spec, layout(tp=8, dp=2, grad_accum_steps=32, **kw))
+    across = estimate(spec, layout(tp=16, dp=1, grad_accum_steps=64, **kw))
+    assert across.time.comm_exposed_s > inside.time.comm_exposed_s
+    assert any("crosses nodes" in w for w in across.warnings)
+    assert not any("crosses nodes" in w for w in inside.warnings)
+
+
+def test_mfu_uses_the_dense_peak_of_the_training_precision() -> None:
+    bf16 = estimate(make_spec(), layout())
+    fp8 = estimate(make_spec(training={"precision": "fp8"}), layout())
+    assert bf16.time.peak_flops_per_gpu == 989e12  # never the 1979 with-sparsity figure
+    assert fp8.time.peak_flops_per_gpu == 1979e12
+    assert fp8.time.step_s < bf16.time.step_s
+    assert "6 x matmul params" in bf16.time.flop_convention
+
+
+def test_fp16_asks_for_a_loss_scaler_and_bf16_does_not() -> None:
+    assert estimate(make_spec(training={"precision": "fp16"}), layout()).precision.loss_scaler
+    assert not estimate(make_spec(), layout()).precision.loss_scaler
+
+
+def test_v100_has_no_bf16() -> None:
+    with pytest.raises(InvalidSpec) as info:
+        estimate(make_spec(resources={"gpu": "V100-SXM-32GB"}), layout())
+    assert info.value.problems[0].loc == ("training", "precision")
+    assert "fp16" in info.value.problems[0].message
+
+
+def test_offload_adds_step_time() -> None:
+    spec = make_spec()
+    base = estimate(spec, layout(activation_checkpointing="full"))
+    for mode in ("optimizer", "params"):
+        off = estimate(spec, layout(activation_checkpointing="full", offload=mode))
+        assert off.time.offload_s > 0 and off.time.step_s > base.time.step_s
+        assert off.comm.offload > 0 and off.memory.cpu_memory
+
+
+def test_checkpointing_costs_recompute_time() -> None:
+    spec = make_spec()
+    none = estimate(spec, layout())
+    full = estimate(spec, layout(activation_checkpointing="full"))
+    assert none.time.recompute_s == 0
+    assert full.time.recompute_s == pytest.approx(full.time.compute_s / 3, rel=0.1)
+    assert full.time.hardware_flops_per_step > full.time.model_flops_per_step == none.time.model_flops_per_step

@@ -1,0 +1,77 @@
+"""Real traces: a 2-rank gloo DDP run (captured with torch.profiler) and HTA-checked GPU traces."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from service.profiles import analyze_traces
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="module")
+def gloo_summary():  # type: ignore[no-untyped-def]
+    return analyze_traces(sorted((FIXTURES / "gloo_ddp").glob("rank-*.json.gz")))
+
+
+def test_gloo_ranks_come_from_distributed_info(gloo_summary) -> None:  # type: ignore[no-untyped-def]
+    assert gloo_summary.ranks_present == [0, 1]
+    assert gloo_summary.backend == "gloo" and gloo_summary.world_size == 2
+    assert all(r.timeline_basis == "cpu_ops" for r in gloo_summary.ranks.values())
+
+
+def test_gloo_partition_sums_to_window(gloo_summary) -> None:  # type: ignore[no-untyped-def]
+    for r in gloo_summary.ranks.values():
+        p = r.partition
+        parts = [v for k, v in p.model_dump().items() if k.endswith("_us") and k != "window_us"]
+        assert sum(parts) == pytest.approx(p.window_us, abs=0.01)
+        assert sum(p.pct.values()) == pytest.approx(100, abs=0.05)
+        assert r.totals_us["comm"] > 0 and r.totals_us["compute"] > 0
+
+
+def test_gloo_slow_loader_rank_is_the_straggler_and_input_bound(gloo_summary) -> None:  # type: ignore[no-untyped-def]
+    # rank 1's dataset sleeps 30 ms per batch: it arrives last, rank 0 waits in the all-reduce
+    assert gloo_summary.cross_rank.straggler.rank == 1
+    r0, r1 = gloo_summary.ranks["0"], gloo_summary.ranks["1"]
+    assert r1.idle.data_loader_us > 3 * 25_000
+    assert r0.overlap.waiting_on_peer_us > r1.overlap.waiting_on_peer_us
+    assert r0.overlap.exposed_comm_us > r1.overlap.exposed_comm_us
+    assert "STRAGGLER" in {x.id for x in gloo_summary.diagnosis.recommendations}
+
+
+def test_gloo_collective_sizes(gloo_summary) -> None:  # type: ignore[no-untyped-def]
+    ar = next(c for c in gloo_summary.ranks["0"].collectives if c.op == "all_reduce")
+    # the MLP 256 -> 1024 -> 1 has 264,193 fp32 parameters, one DDP bucket per step, 3 steps
+    assert ar.count == 3 and ar.bytes == 3 * 264_193 * 4
+    assert ar.algbw_GBps is not None and ar.algbw_GBps > 0
+
+
+def test_gloo_hta_compat_is_marked_not_applicable(gloo_summary) -> None:  # type: ignore[no-untyped-def]
+    h = gloo_summary.ranks["0"].hta_compat
+    assert h.applicable is False and h.idle_time_pctg is None
+
+
+@pytest.mark.parametrize("name", ["synthetic_gpu", "synthetic_gpu_4r"])
+def test_hta_compat_matches_hta_exactly(name: str) -> None:
+    d = FIXTURES / name
+    expected = json.loads((d / "expected_hta.json").read_text())["ranks"]
+    s = analyze_traces(sorted(d.glob("rank-*.json.gz")))
+    assert set(s.ranks) == set(expected)
+    for rank, exp in expected.items():
+        got = s.ranks[rank].hta_compat.model_dump()
+        for key, value in exp.items():
+            if value is None:
+                assert got[key] is None, (rank, key)
+            else:
+                assert got[key] == pytest.approx(value, abs=1e-6), (rank, key)
+
+
+def test_gpu_straggler_is_the_late_rank() -> None:
+    s = analyze_traces(sorted((FIXTURES / "synthetic_gpu").glob("rank-*.json.gz")))
+    assert s.cross_rank.straggler is not None and s.cross_rank.straggler.rank == 1
+    assert all(r.timeline_basis == "gpu_kernels" for r in s.ranks.values())
+    coll = s.ranks["0"].collectives
+    assert coll and all(c.bytes is not None and c.busbw_GBps is not None for c in coll)
