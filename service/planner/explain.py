@@ -43,7 +43,8 @@ def rubric(ctx: Context) -> str:
                         f" and still has room for activations within {gib(limit)}.")
             return (f"DDP does not fit (model states {states['DDP'] / _GB:.1f} GB per GPU against"
                     f" {gib(limit)}); {label} is the first level that fits, with {model_states / _GB:.1f} GB"
-                    " of model state per GPU.")
+                    f" of model state per GPU ({gib(mem.total)} in all at micro-batch 1 with full"
+                    " checkpointing).")
     return (f"Needs tensor or pipeline parallelism (or offload): even fully sharded over {world} GPUs"
             f" the model states take {states['ZeRO-3/FSDP'] / _GB:.1f} GB per GPU plus activations,"
             f" against {gib(limit)} (DDP would need {states['DDP'] / _GB:.1f} GB).")

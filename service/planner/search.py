@@ -73,11 +73,26 @@ class Context:
 
 @dataclass(slots=True)
 class Candidate:
+    """One evaluated layout. The memory breakdown is built on first use from its two halves."""
+
     layout: Layout
-    mem: Memory
     fits: bool
+    total: float
+    parts: tuple[StaticMemory, ActivationMemory] | None = None
     time: StepTime | None = None
+    built: Memory | None = None
     _key: tuple[int, float, tuple[int, ...]] | None = None
+
+    @classmethod
+    def of(cls, layout: Layout, mem: Memory, fits: bool) -> Candidate:
+        return cls(layout=layout, fits=fits, total=mem.total, built=mem)
+
+    @property
+    def mem(self) -> Memory:
+        if self.built is None:
+            assert self.parts is not None
+            self.built = combine(*self.parts, self.layout.pp)
+        return self.built
 
     @property
     def step_s(self) -> float:
@@ -86,7 +101,7 @@ class Candidate:
 
     def key(self) -> tuple[int, float, tuple[int, ...]]:
         if self._key is None:
-            self._key = (round(math.log(self.step_s) / TIME_BUCKET), self.mem.total, self.layout.simplicity())
+            self._key = (round(math.log(self.step_s) / TIME_BUCKET), self.total, self.layout.simplicity())
         return self._key
 
 
@@ -223,7 +238,7 @@ def _shardings(ctx: Context, pins: LayoutPins, dp: int, tp: int, cp: int) -> lis
             out.append((name, dp))
         else:
             shard = pins.dp_shard or ctx.cluster.gpus_per_node // (tp * cp)
-            if 1 <= shard < dp and dp % shard == 0:
+            if 2 <= shard < dp and dp % shard == 0:
                 out.append((name, shard))
     return out
 
@@ -255,7 +270,7 @@ def _fits(ctx: Context, mem: Memory) -> bool:
 def _evaluate(ctx: Context, layout: Layout) -> Candidate:
     mem = memory(ctx.shape, ctx.cluster, layout, precision=ctx.precision, optimizer=ctx.optimizer,
                  attention=ctx.attention)
-    cand = Candidate(layout=layout, mem=mem, fits=_fits(ctx, mem))
+    cand = Candidate.of(layout, mem, _fits(ctx, mem))
     cand.time = step_time(ctx.shape, ctx.cluster, layout, precision=ctx.precision,
                           optimizer=ctx.optimizer, attention=ctx.attention)
     return cand
@@ -309,7 +324,7 @@ def search(ctx: Context, pins: LayoutPins | None = None, *, timed: bool = True,
                     if static.floor > limit or cpu > ctx.cluster.cpu_memory_gib * 2**30:
                         # States alone exceed the GPU (or the host): no micro-batch fits.
                         result.out_of_memory += len(mbs) * len(ckpts)
-                        if static.floor / limit < result.closest_ratio:
+                        if not result.fitting and static.floor / limit < result.closest_ratio:
                             b, m = mbs[0], per_replica // mbs[0]
                             for schedule, v in _schedules(ctx, pins, pp, m)[:1]:
                                 fields = (dp, tp, pp, cp, sharding, dp_shard, sp, b, m, ckpts[-1], schedule, v, off)
@@ -327,6 +342,16 @@ def search(ctx: Context, pins: LayoutPins | None = None, *, timed: bool = True,
                     if not schedules:
                         result.invalid += 1
                         continue
+                    if timed and result.best is not None:
+                        fwd = _forward(ctx, forwards, dp, tp, pp, cp, sp, b)
+                        least_bubble = (pp - 1) / max(v for _, v in schedules) if pp > 1 else 0.0
+                        floor = (m + least_bubble) * 3 * (fwd.layers * fwd.layer_f + fwd.head_f)
+                        if floor > PRUNE_FACTOR * result.best.step_s:
+                            # Compute alone is too slow for every variant at this micro-batch.
+                            result.pruned += len(schedules) * len(ckpts) * len(offs)
+                            for dim, value in zip(DIMENSIONS[:4], (tp, pp, cp, sharding), strict=True):
+                                result.pruned_dimensions.add((dim, value))
+                            continue
                     any_fit_at_b = False
                     for schedule, v in schedules:
                         fitted: list[tuple[int, int]] = []
@@ -342,8 +367,9 @@ def search(ctx: Context, pins: LayoutPins | None = None, *, timed: bool = True,
                             if combined_total(thrift, acts, pp) > limit:
                                 result.evaluated += 1
                                 result.out_of_memory += len(offs)
-                                _track_closest(ctx, result, thrift, acts, (
-                                    dp, tp, pp, cp, sharding, dp_shard, sp, b, m, ckpt, schedule, v, offs[-1]))
+                                if not result.fitting:
+                                    _track_closest(ctx, result, thrift, acts, (
+                                        dp, tp, pp, cp, sharding, dp_shard, sp, b, m, ckpt, schedule, v, offs[-1]))
                                 continue
                             for off in offs:
                                 rank = (CHECKPOINT_RANK[ckpt], OFFLOAD_RANK[off])
@@ -353,26 +379,23 @@ def search(ctx: Context, pins: LayoutPins | None = None, *, timed: bool = True,
                                 static = statics[off]
                                 result.evaluated += 1
                                 fields = (dp, tp, pp, cp, sharding, dp_shard, sp, b, m, ckpt, schedule, v, off)
-                                if combined_total(static, acts, pp) > limit:
+                                total = combined_total(static, acts, pp)
+                                if total > limit:
                                     result.out_of_memory += 1
-                                    _track_closest(ctx, result, static, acts, fields)
+                                    if not result.fitting:
+                                        _track_closest(ctx, result, static, acts, fields)
                                     continue
                                 fitted.append(rank)
                                 any_fit_at_b = True
                                 result.fitting += 1
                                 layout = Layout(*fields)  # type: ignore[arg-type]
-                                cand = Candidate(layout=layout, mem=combine(static, acts, pp), fits=True)
+                                cand = Candidate(layout=layout, fits=True, total=total, parts=(static, acts))
                                 if stop_at_first_fit:
                                     result.best = cand
                                     return result
                                 if not timed:
                                     continue
-                                fkey = (tp, cp, pp, b, sp)
-                                fwd = forwards.get(fkey)
-                                if fwd is None:
-                                    fwd = forwards[fkey] = forward_times(
-                                        ctx.shape, ctx.cluster, layout, precision=ctx.precision,
-                                        attention=ctx.attention)
+                                fwd = _forward(ctx, forwards, dp, tp, pp, cp, sp, b)
                                 if result.best is not None and _time_floor(fwd, layout, ctx.attention) > (
                                         PRUNE_FACTOR * result.best.step_s):
                                     result.pruned += 1
@@ -388,13 +411,24 @@ def search(ctx: Context, pins: LayoutPins | None = None, *, timed: bool = True,
     return result
 
 
+def _forward(ctx: Context, cache: dict[tuple[int, ...], ForwardTimes], dp: int, tp: int, pp: int, cp: int,
+             sp: bool, b: int) -> ForwardTimes:
+    key = (tp, cp, pp, b, sp)
+    fwd = cache.get(key)
+    if fwd is None:
+        probe = Layout(dp, tp, pp, cp, "ddp", 1, sp, b, 1, "none", None, 1, "none")
+        fwd = cache[key] = forward_times(ctx.shape, ctx.cluster, probe, precision=ctx.precision,
+                                         attention=ctx.attention)
+    return fwd
+
+
 def _track_closest(ctx: Context, result: SearchResult, static: StaticMemory, acts: ActivationMemory,
                    fields: tuple[object, ...]) -> None:
     cpu = max(static.cpu_per_node_first, static.cpu_per_node_last) / (ctx.cluster.cpu_memory_gib * 2**30)
     pressure = max(combined_total(static, acts, int(fields[2])) / ctx.limit, cpu)  # type: ignore[call-overload]
     if pressure < result.closest_ratio:
         mem = combine(static, acts, int(fields[2]))  # type: ignore[call-overload]
-        result.closest = Candidate(layout=Layout(*fields), mem=mem, fits=False)  # type: ignore[arg-type]
+        result.closest = Candidate.of(Layout(*fields), mem, False)  # type: ignore[arg-type]
         result.closest_ratio = pressure
 
 
