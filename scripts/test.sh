@@ -1,8 +1,26 @@
 #!/usr/bin/env bash
-# The README's second command: set up with the dev tools, then lint, type-check and run every test.
+# The README's second command: set up with the dev tools, start the components the tests use, then
+# lint, type-check and run every test. Under CI=true a component that cannot start is an error;
+# elsewhere its tests skip and say why.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev
+
+component() {  # component NAME VAR SCRIPT: export VAR from SCRIPT's stdout
+  local name=$1 var=$2 script=$3 value
+  if [ -n "${!var:-}" ]; then return 0; fi
+  if value=$(bash "$script"); then
+    export "$var=$value"
+    echo "== $name: $value"
+  elif [ -n "${CI:-}" ]; then
+    echo "== $name could not start and CI needs it" >&2
+    exit 1
+  else
+    echo "== $name unavailable: its tests will skip" >&2
+  fi
+}
+component PostgreSQL SHARDCTL_TEST_POSTGRES_URL deploy/postgres.sh
+
 echo "== ruff"
 .venv/bin/ruff check .
 echo "== mypy"

@@ -162,6 +162,35 @@ class LayoutPins(_Strict):
         return self
 
 
+NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+
+
+class BackendSpec(_Strict):
+    """Where the job runs, with the options of that backend (each backend ignores the others')."""
+
+    kind: Literal["local", "slurm", "kubernetes"] = "local"
+    # Slurm
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time_limit: str | None = Field(None, pattern=r"^(\d+-)?\d{1,2}:\d{2}(:\d{2})?$",
+                                   description="Slurm time limit, e.g. 02:00:00 or 1-12:00:00.")
+    sbatch: list[str] = Field(default_factory=list, description="Extra sbatch flags, e.g. --exclusive.")
+    # Kubernetes
+    namespace: str | None = Field(None, pattern=NAME_PATTERN)
+    object: Literal["jobset", "indexed-job", "pytorchjob"] | None = None
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, str]] = Field(default_factory=list)
+
+
+class EntrypointSpec(_Strict):
+    """A user's own program, run under torchrun on every node. Absent: the built-in reference trainer."""
+
+    command: list[str] = Field(min_length=1)
+    image: str | None = Field(None, description="Container image (Kubernetes; Slurm with a container runtime).")
+    env: dict[str, str] = Field(default_factory=dict)
+
+
 class TrainingSpec(_Strict):
     """What a user asks for. `layout` pins are optional; everything unpinned is searched."""
 
@@ -170,6 +199,10 @@ class TrainingSpec(_Strict):
     training: TrainingConfig
     resources: Resources
     layout: LayoutPins = Field(default_factory=LayoutPins)
+    team: str | None = Field(None, pattern=NAME_PATTERN, description="Owning team; a member's token implies it.")
+    priority: int = Field(0, ge=-1000, le=1000, description="Higher runs first within a team's quota.")
+    backend: BackendSpec = Field(default_factory=BackendSpec)
+    entrypoint: EntrypointSpec | None = None
 
     @model_validator(mode="after")
     def _checkpointing_pinned_once(self) -> TrainingSpec:
@@ -217,6 +250,8 @@ def spec_json_schema() -> dict[str, Any]:
 
 
 __all__ = [
+    "BackendSpec",
+    "EntrypointSpec",
     "GpuOverride",
     "LayoutPins",
     "ModelSpec",

@@ -10,6 +10,7 @@ import pydantic
 import typer
 from rich.console import Console
 
+from service.cli import control
 from service.cli.profile import profile_app
 from service.cli.render import plan_panel, print_problems
 from service.planner import FieldProblem, InvalidSpec, plan
@@ -23,6 +24,11 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(profile_app, name="profile", help="Analyse PyTorch profiler traces offline.")
+app.add_typer(control.token_app, name="token")
+app.add_typer(control.team_app, name="team")
+app.add_typer(control.db_app, name="db")
+for command in (control.serve, control.submit, control.jobs, control.show, control.events, control.cancel):
+    app.command()(command)
 console = Console()
 err = Console(stderr=True)
 

@@ -1,0 +1,47 @@
+"""The FastAPI application: `create_app()` wires settings, database, routers, errors and metrics."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+
+from fastapi import FastAPI, Request, Response
+from sqlalchemy import Engine
+
+from service.api import errors
+from service.api.metrics import make_metrics
+from service.api.routers import health, jobs, plans, teams, tokens
+from service.settings import Settings
+from service.store.db import make_engine, make_sessionmaker
+
+
+def create_app(settings: Settings | None = None, *, engine: Engine | None = None) -> FastAPI:
+    """An app on `settings.database_url` (or `engine`). The schema must be migrated already
+    (`shardctl db upgrade`; `shardctl serve` does it)."""
+    settings = settings or Settings()
+    engine = engine or make_engine(settings.resolved_database_url)
+    app = FastAPI(title="shardctl", version="0.1.0",
+                  description="Plan, launch and track distributed training jobs.")
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.sessions = make_sessionmaker(engine)
+    app.state.metrics = make_metrics(app.state.sessions)
+    errors.install(app)
+    for module in (health, plans, jobs, teams, tokens):
+        app.include_router(module.router)
+
+    @app.middleware("http")
+    async def _limits_and_latency(request: Request,
+                                  call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
+            return errors.error_response(413, "too_large", f"request body over {settings.max_body_bytes} bytes")
+        start = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        path = getattr(route, "path", "unmatched")
+        app.state.metrics.latency.labels(method=request.method, route=path,
+                                         status=str(response.status_code)).observe(time.perf_counter() - start)
+        return response
+
+    return app

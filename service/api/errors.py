@@ -1,0 +1,77 @@
+"""One error shape for every failure: {"error": {"code", "message", "fields": [{"loc", "message"}]}}."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service.api.schemas import ErrorBody, ErrorField, ErrorResponse
+from service.planner import InvalidSpec
+from service.store.states import IllegalTransition
+from service.store.tokens import Conflict, NotFound
+
+
+class ApiError(Exception):
+    """An error a handler raises on purpose, with its HTTP status and stable code."""
+
+    def __init__(self, status: int, code: str, message: str, *, fields: list[ErrorField] | None = None,
+                 details: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+        self.fields, self.details, self.headers = fields or [], details or {}, headers
+
+
+def error_response(status: int, code: str, message: str, *, fields: list[ErrorField] | None = None,
+                   details: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+    body = ErrorResponse(error=ErrorBody(code=code, message=message, fields=fields or [], details=details or {}))
+    return JSONResponse(body.model_dump(mode="json"), status_code=status, headers=headers)
+
+
+def _loc(parts: tuple[Any, ...]) -> str:
+    skip = {"body"}
+    return ".".join(str(p) for p in parts if p not in skip) or "body"
+
+
+_HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+               405: "method_not_allowed", 409: "conflict", 413: "too_large", 415: "unsupported_media_type",
+               422: "validation_error", 429: "too_many_requests"}
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api(_: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc.status, exc.code, exc.message, fields=exc.fields, details=exc.details,
+                              headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        fields = [ErrorField(loc=_loc(tuple(e.get("loc", ()))), message=str(e.get("msg", "")).removeprefix(
+            "Value error, ")) for e in exc.errors()]
+        summary = "; ".join(f"{f.loc}: {f.message}" for f in fields[:3])
+        return error_response(422, "validation_error", f"invalid request: {summary}", fields=fields)
+
+    @app.exception_handler(InvalidSpec)
+    async def _invalid_spec(_: Request, exc: InvalidSpec) -> JSONResponse:
+        fields = [ErrorField(loc=p.path, message=p.message) for p in exc.problems]
+        return error_response(422, "invalid_spec", str(exc), fields=fields)
+
+    @app.exception_handler(NotFound)
+    async def _not_found(_: Request, exc: NotFound) -> JSONResponse:
+        return error_response(404, "not_found", str(exc))
+
+    @app.exception_handler(Conflict)
+    async def _conflict(_: Request, exc: Conflict) -> JSONResponse:
+        return error_response(409, "conflict", str(exc))
+
+    @app.exception_handler(IllegalTransition)
+    async def _transition(_: Request, exc: IllegalTransition) -> JSONResponse:
+        return error_response(409, "illegal_transition", str(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _HTTP_CODES.get(exc.status_code, "error")
+        return error_response(exc.status_code, code, str(exc.detail), headers=getattr(exc, "headers", None))

@@ -1,0 +1,125 @@
+"""Request and response bodies of the REST API (bytes, seconds, integers; times in UTC ISO 8601)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from service.spec import NAME_PATTERN
+
+
+class ErrorField(BaseModel):
+    loc: str = Field(description="Dotted path of the field, e.g. training.global_batch.")
+    message: str
+
+
+class ErrorBody(BaseModel):
+    code: str = Field(description="Stable machine-readable code, e.g. not_found, validation_error.")
+    message: str
+    fields: list[ErrorField] = Field(default_factory=list)
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+class AttemptOut(BaseModel):
+    number: int
+    backend_name: str
+    backend_id: str | None
+    nodes: list[str]
+    status: str
+    exit_code: int | None
+    exit_reason: str | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class MeasurementOut(BaseModel):
+    kind: str
+    at: datetime
+    data: dict[str, Any]
+
+
+class JobSummary(BaseModel):
+    id: int
+    name: str
+    team: str
+    status: str
+    backend: str
+    priority: int
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    layout: str = Field(description="The planned layout in one line.")
+    predicted_step_s: float | None
+
+
+class JobOut(JobSummary):
+    spec: dict[str, Any]
+    plan: dict[str, Any]
+    attempts: list[AttemptOut]
+    measurements: dict[str, MeasurementOut] = Field(description="The newest measurement of each kind.")
+
+
+class JobPage(BaseModel):
+    items: list[JobSummary]
+    next_cursor: str | None = Field(description="Pass as ?cursor= for the next (older) page; null at the end.")
+
+
+class EventOut(BaseModel):
+    id: int
+    job_id: int
+    at: datetime
+    actor: str
+    kind: str
+    message: str
+    data: dict[str, Any]
+
+
+class TeamIn(BaseModel):
+    name: str = Field(pattern=NAME_PATTERN, description="Lower-case letters, digits and dashes.")
+
+
+class TeamOut(BaseModel):
+    id: int
+    name: str
+    created_at: datetime
+
+
+class TokenIn(BaseModel):
+    role: Literal["admin", "member", "job"] = "member"
+    team: str | None = Field(None, description="Required for member tokens.")
+    job_id: int | None = Field(None, description="Required for job tokens.")
+    name: str | None = Field(None, max_length=200)
+    expires_in_s: int | None = Field(None, gt=0, description="Lifetime in seconds; none: until revoked.")
+
+
+class TokenOut(BaseModel):
+    id: str
+    role: str
+    team: str | None
+    job_id: int | None
+    name: str | None
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+
+
+class TokenCreated(TokenOut):
+    token: str = Field(description="The secret. Shown once: only its hash is stored.")
+
+
+class WhoAmI(BaseModel):
+    token_id: str
+    role: str
+    team: str | None
+    job_id: int | None
+
+
+class MeasurementIn(BaseModel):
+    kind: Literal["heartbeat", "report", "profile"]
+    data: dict[str, Any]

@@ -1,0 +1,65 @@
+"""Submitting a job: team resolution, idempotency, planning, and the one transaction that queues it."""
+
+from __future__ import annotations
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.api.errors import ApiError
+from service.planner import plan
+from service.spec import TrainingSpec
+from service.store.jobs import NewJob, body_hash, create_job, find_idempotent, idempotency_scope
+from service.store.tokens import Principal, ensure_team, team_by_name
+
+DEFAULT_TEAM = "default"
+MAX_KEY = 200
+
+
+def submit(db: sessionmaker[Session], principal: Principal, spec: TrainingSpec,
+           idempotency_key: str | None) -> tuple[int, bool]:
+    """Plan and queue `spec`. Returns (job id, created); created is False for an idempotent replay.
+
+    Raises `ApiError` 403 when a member names another team, 422 when no layout fits (with the
+    planner's reasons and the smallest GPU count that would fit), `Conflict` when the key was used
+    with a different body.
+    """
+    if principal.role == "member":
+        if spec.team is not None and spec.team != principal.team_name:
+            raise ApiError(403, "forbidden", f"your token belongs to team {principal.team_name!r}; submit"
+                           f" without team or with team: {principal.team_name}")
+        team_name = principal.team_name or DEFAULT_TEAM
+    else:
+        team_name = spec.team or DEFAULT_TEAM
+    if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_KEY:
+        raise ApiError(400, "bad_request", f"Idempotency-Key must be 1 to {MAX_KEY} characters")
+    idem = None
+    if idempotency_key is not None:
+        idem = (idempotency_scope(principal), idempotency_key,
+                body_hash(spec.model_dump(mode="json", exclude_unset=True)))
+        with db.begin() as session:
+            earlier = find_idempotent(session, *idem)
+            if earlier is not None:
+                return earlier.id, False
+
+    result = plan(spec)
+    if not result.fits:
+        raise ApiError(422, "does_not_fit", "no layout fits: " + "; ".join(result.reasons),
+                       details={"reasons": result.reasons, "min_gpus_to_fit": result.min_gpus_to_fit,
+                                "closest": result.model_dump(mode="json")})
+    stored_spec = spec.model_copy(update={"team": team_name}).model_dump(mode="json")
+    try:
+        with db.begin() as session:
+            team = ensure_team(session, team_name) if principal.role == "admin" else team_by_name(session, team_name)
+            job = create_job(session, NewJob(
+                name=spec.name, team=team, backend=spec.backend.kind, priority=spec.priority, spec=stored_spec,
+                plan=result.model_dump(mode="json")), actor=principal.actor, idempotency=idem)
+            return job.id, True
+    except IntegrityError:
+        if idem is None:
+            raise
+        # A concurrent request with the same key committed first: answer with its job.
+        with db.begin() as session:
+            earlier = find_idempotent(session, *idem)
+            if earlier is None:
+                raise
+            return earlier.id, False

@@ -1,0 +1,54 @@
+"""Store rows -> response models."""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from service.api.schemas import AttemptOut, EventOut, JobOut, JobSummary, MeasurementOut, TeamOut, TokenOut
+from service.store.jobs import latest_measurements
+from service.store.models import ApiToken, Event, Job, Team
+
+
+def _layout_line(plan: dict[str, object]) -> str:
+    layout = plan.get("layout")
+    if not isinstance(layout, dict):
+        return ""
+    parts = [str(layout.get("sharding")), *(f"{k}={layout.get(k)}" for k in ("dp", "tp", "pp", "cp"))]
+    parts.append(f"mb={layout.get('micro_batch')}x{layout.get('grad_accum_steps')}")
+    parts.append(f"ac={layout.get('activation_checkpointing')}")
+    return " ".join(parts)
+
+
+def job_summary(job: Job) -> JobSummary:
+    time = job.plan.get("time") if isinstance(job.plan, dict) else None
+    return JobSummary(
+        id=job.id, name=job.name, team=job.team.name, status=job.status, backend=job.backend,
+        priority=job.priority, created_at=job.created_at, updated_at=job.updated_at, finished_at=job.finished_at,
+        layout=_layout_line(job.plan), predicted_step_s=time.get("step_s") if isinstance(time, dict) else None)
+
+
+def job_out(session: Session, job: Job) -> JobOut:
+    summary = job_summary(job)
+    return JobOut(
+        **summary.model_dump(), spec=job.spec, plan=job.plan,
+        attempts=[AttemptOut(number=a.number, backend_name=a.backend_name, backend_id=a.backend_id, nodes=a.nodes,
+                             status=a.status, exit_code=a.exit_code, exit_reason=a.exit_reason,
+                             created_at=a.created_at, finished_at=a.finished_at) for a in job.attempts],
+        measurements={kind: MeasurementOut(kind=m.kind, at=m.at, data=m.data)
+                      for kind, m in latest_measurements(session, job).items()},
+    )
+
+
+def event_out(event: Event) -> EventOut:
+    return EventOut(id=event.id, job_id=event.job_id, at=event.at, actor=event.actor, kind=event.kind,
+                    message=event.message, data=event.data)
+
+
+def team_out(team: Team) -> TeamOut:
+    return TeamOut(id=team.id, name=team.name, created_at=team.created_at)
+
+
+def token_out(token: ApiToken) -> TokenOut:
+    return TokenOut(id=token.id, role=token.role, team=token.team.name if token.team else None,
+                    job_id=token.job_id, name=token.name, created_at=token.created_at,
+                    expires_at=token.expires_at, revoked_at=token.revoked_at)

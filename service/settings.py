@@ -1,0 +1,34 @@
+"""Configuration from `SHARDCTL_*` environment variables."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+
+import platformdirs
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """The service's settings. SQLite under `data_dir` unless `database_url` names another database."""
+
+    model_config = SettingsConfigDict(env_prefix="SHARDCTL_", extra="ignore")
+
+    data_dir: Path = Field(default_factory=lambda: Path(platformdirs.user_data_dir("shardctl")))
+    database_url: str | None = Field(None, description="e.g. postgresql+psycopg://user@host/db")
+    max_body_bytes: int = 1 << 20
+    events_poll_s: float = 0.5
+
+    @cached_property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            url = self.database_url
+            if url.startswith("postgresql://") or url.startswith("postgres://"):
+                url = "postgresql+psycopg://" + url.split("://", 1)[1]
+            return url
+        return f"sqlite:///{self.data_dir / 'shardctl.db'}"
+
+
+def load_settings() -> Settings:
+    return Settings()

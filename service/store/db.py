@@ -1,0 +1,53 @@
+"""Engines and sessions for SQLite (the embedded default) and PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+
+def make_engine(url: str) -> Engine:
+    """An engine with the settings each database needs for concurrent API and dispatcher use.
+
+    SQLite: WAL journal (readers do not block the writer), foreign keys on, and a busy timeout
+    so that concurrent writers wait instead of failing.
+    """
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(conn: Any, _record: Any) -> None:
+            cur = conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin_immediate(conn: Any) -> None:
+            # Take the write lock at BEGIN: a read-then-write transaction cannot then fail halfway
+            # with "database is locked" (SQLite cannot upgrade a read lock under contention).
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        @event.listens_for(engine, "connect")
+        def _no_pysqlite_autobegin(conn: Any, _record: Any) -> None:
+            conn.isolation_level = None
+
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+@contextmanager
+def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """One transaction: committed on success, rolled back on any exception."""
+    with factory() as session, session.begin():
+        yield session

@@ -1,0 +1,171 @@
+"""Job queries and commands for the API: create (idempotently), list, read, cancel, report.
+
+Visibility is enforced here, not in the routers: a member sees only their team's jobs, and a job
+that is not visible does not exist (`NotFound`), so nobody learns of another team's jobs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from service.store.models import Event, IdempotencyKey, Job, Measurement, Team
+from service.store.states import TERMINAL, JobStatus, add_event, transition
+from service.store.tokens import Conflict, NotFound, Principal
+
+MAX_PAGE = 200
+
+
+def body_hash(body: Any) -> str:
+    """Hash of a JSON body that ignores key order and whitespace."""
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def idempotency_scope(principal: Principal) -> str:
+    return f"team:{principal.team_id}" if principal.team_id is not None else f"token:{principal.token_id}"
+
+
+def find_idempotent(session: Session, scope: str, key: str, digest: str) -> Job | None:
+    """The job an earlier request with this key created; `Conflict` if that request's body differed."""
+    row = session.scalar(select(IdempotencyKey).where(IdempotencyKey.scope == scope, IdempotencyKey.key == key))
+    if row is None:
+        return None
+    if row.body_hash != digest:
+        raise Conflict(f"Idempotency-Key {key!r} was already used with a different body")
+    job = session.get(Job, row.job_id)
+    assert job is not None
+    return job
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    name: str
+    team: Team
+    backend: str
+    priority: int
+    spec: dict[str, Any]
+    plan: dict[str, Any]
+
+
+def create_job(session: Session, new: NewJob, *, actor: str, idempotency: tuple[str, str, str] | None) -> Job:
+    """Insert a QUEUED job, its `job.queued` event and its idempotency key in the caller's transaction.
+
+    `idempotency` is (scope, key, body hash). A concurrent request that inserted the same key
+    first wins: the unique constraint fails here and the caller retries `find_idempotent`.
+    """
+    job = Job(name=new.name, team_id=new.team.id, status=JobStatus.QUEUED.value, backend=new.backend,
+              priority=new.priority, spec=new.spec, plan=new.plan, created_by=actor)
+    session.add(job)
+    session.flush()
+    add_event(session, job, actor=actor, kind="job.queued", message="planned and queued",
+              data={"layout": new.plan.get("layout"), "step_s": new.plan.get("time", {}).get("step_s")})
+    if idempotency is not None:
+        scope, key, digest = idempotency
+        session.add(IdempotencyKey(scope=scope, key=key, body_hash=digest, job_id=job.id))
+    session.flush()
+    return job
+
+
+def visible_job(session: Session, principal: Principal, job_id: int, *, for_update: bool = False) -> Job:
+    """The job if the principal may see it, else `NotFound` (never 'forbidden': that would leak it)."""
+    stmt = select(Job).where(Job.id == job_id)
+    if for_update:
+        stmt = stmt.with_for_update()
+    job = session.scalar(stmt)
+    if job is None or not can_see(principal, job):
+        raise NotFound(f"no job {job_id}")
+    return job
+
+
+def can_see(principal: Principal, job: Job) -> bool:
+    if principal.role == "admin":
+        return True
+    if principal.role == "member":
+        return job.team_id == principal.team_id
+    return principal.job_id == job.id
+
+
+@dataclass(frozen=True, slots=True)
+class JobFilter:
+    status: Sequence[str] = ()
+    team: str | None = None
+    backend: str | None = None
+    name: str | None = None
+
+
+def list_jobs(session: Session, principal: Principal, filters: JobFilter, *, limit: int = 50,
+              cursor: int | None = None) -> tuple[list[Job], int | None]:
+    """Newest first. Returns a page and the cursor of the next page (None at the end)."""
+    limit = max(1, min(limit, MAX_PAGE))
+    stmt = select(Job)
+    if principal.role == "member":
+        stmt = stmt.where(Job.team_id == principal.team_id)
+    elif principal.role == "job":
+        stmt = stmt.where(Job.id == principal.job_id)
+    if filters.status:
+        stmt = stmt.where(Job.status.in_(list(filters.status)))
+    if filters.team:
+        stmt = stmt.join(Team, Team.id == Job.team_id).where(Team.name == filters.team)
+    if filters.backend:
+        stmt = stmt.where(Job.backend == filters.backend)
+    if filters.name:
+        stmt = stmt.where(Job.name == filters.name)
+    if cursor is not None:
+        stmt = stmt.where(Job.id < cursor)
+    rows = list(session.scalars(stmt.order_by(Job.id.desc()).limit(limit + 1)))
+    next_cursor = rows[limit - 1].id if len(rows) > limit else None
+    return rows[:limit], next_cursor
+
+
+def cancel_job(session: Session, principal: Principal, job_id: int) -> Job:
+    """Idempotent: QUEUED -> CANCELLED now; SUBMITTING/PENDING/RUNNING -> CANCELLING (the dispatcher
+    finishes it); CANCELLING or terminal: unchanged."""
+    job = visible_job(session, principal, job_id, for_update=True)
+    status = JobStatus(job.status)
+    if status == JobStatus.QUEUED:
+        transition(session, job, JobStatus.CANCELLED, actor=principal.actor, message="cancelled before submission")
+    elif status in (JobStatus.SUBMITTING, JobStatus.PENDING, JobStatus.RUNNING):
+        transition(session, job, JobStatus.CANCELLING, actor=principal.actor, message="cancel requested")
+    return job
+
+
+def list_events(session: Session, job: Job, *, after: int = 0, limit: int = 500) -> list[Event]:
+    stmt = select(Event).where(Event.job_id == job.id, Event.id > after).order_by(Event.id).limit(limit)
+    return list(session.scalars(stmt))
+
+
+def add_measurement(session: Session, principal: Principal, job: Job, kind: str, data: dict[str, Any]) -> Measurement:
+    row = Measurement(job_id=job.id, kind=kind, data=data)
+    session.add(row)
+    if kind != "heartbeat":
+        add_event(session, job, actor=principal.actor, kind=f"job.{kind}", message=f"{kind} received")
+    session.flush()
+    return row
+
+
+def latest_measurements(session: Session, job: Job) -> dict[str, Measurement]:
+    """The newest measurement of each kind."""
+    newest = (select(Measurement.kind, func.max(Measurement.id).label("id"))
+              .where(Measurement.job_id == job.id).group_by(Measurement.kind).subquery())
+    rows = session.scalars(select(Measurement).join(newest, Measurement.id == newest.c.id))
+    return {row.kind: row for row in rows}
+
+
+def is_terminal(job: Job) -> bool:
+    return JobStatus(job.status) in TERMINAL
+
+
+def count_by_status_and_team(session: Session) -> list[tuple[str, str, int]]:
+    stmt = (select(Job.status, Team.name, func.count()).join(Team, Team.id == Job.team_id)
+            .group_by(Job.status, Team.name))
+    return [(s, t, int(n)) for s, t, n in session.execute(stmt)]
+
+
+__all__ = ["Conflict", "IntegrityError", "NotFound"]

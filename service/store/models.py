@@ -1,0 +1,161 @@
+"""SQLAlchemy 2 models: teams, tokens, jobs, attempts, events, idempotency keys, measurements.
+
+Every column the API filters or sorts on has an index. JSON documents (spec, plan, event data,
+measurements) use the generic JSON type: JSONB on PostgreSQL, text on SQLite.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+# BIGINT on PostgreSQL, INTEGER on SQLite (so that it stays the rowid alias and autoincrements).
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+Json = JSON().with_variant(JSONB(), "postgresql")
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class Team(Base):
+    __tablename__ = "teams"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ApiToken(Base):
+    """A bearer token. Only the SHA-256 of its secret is stored; `id` is the public part."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    secret_hash: Mapped[str] = mapped_column(String(64))
+    role: Mapped[str] = mapped_column(String(16))  # admin | member | job
+    team_id: Mapped[int | None] = mapped_column(ForeignKey("teams.id"), index=True)
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id"), index=True)
+    name: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    team: Mapped[Team | None] = relationship(lazy="joined")
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        Index("ix_jobs_status_id", "status", "id"),
+        Index("ix_jobs_team_id_id", "team_id", "id"),
+        Index("ix_jobs_backend_id", "backend", "id"),
+        Index("ix_jobs_name_id", "name", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    team_id: Mapped[int] = mapped_column(ForeignKey("teams.id"))
+    status: Mapped[str] = mapped_column(String(16))
+    backend: Mapped[str] = mapped_column(String(16))
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    spec: Mapped[dict[str, Any]] = mapped_column(Json)
+    plan: Mapped[dict[str, Any]] = mapped_column(Json)
+    created_by: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Dispatcher lease (dispatcher issue): who holds the row and until when.
+    lease_owner: Mapped[str | None] = mapped_column(String(64))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    team: Mapped[Team] = relationship(lazy="joined", innerjoin=True)
+    attempts: Mapped[list[Attempt]] = relationship(order_by="Attempt.number", lazy="selectin")
+
+
+class Attempt(Base):
+    """One backend submission of a job; its name `shardctl-<job id>-<number>` is deterministic."""
+
+    __tablename__ = "attempts"
+    __table_args__ = (UniqueConstraint("job_id", "number"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    backend_name: Mapped[str] = mapped_column(String(128))
+    backend_id: Mapped[str | None] = mapped_column(String(128))
+    nodes: Mapped[list[str]] = mapped_column(Json, default=list)
+    status: Mapped[str] = mapped_column(String(16))
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    exit_reason: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Event(Base):
+    """Append-only history of a job: every state change and everything worth telling."""
+
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_job_id_id", "job_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    actor: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(64))
+    message: Mapped[str] = mapped_column(Text, default="")
+    data: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)
+
+
+class IdempotencyKey(Base):
+    """`Idempotency-Key` of a submission, scoped to the submitting team, with the body's hash."""
+
+    __tablename__ = "idempotency_keys"
+    __table_args__ = (UniqueConstraint("scope", "key"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    scope: Mapped[str] = mapped_column(String(80))
+    key: Mapped[str] = mapped_column(String(200))
+    body_hash: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Measurement(Base):
+    """What a job reported about itself: heartbeats, the final report, profile summaries."""
+
+    __tablename__ = "measurements"
+    __table_args__ = (Index("ix_measurements_job_id_kind_id", "job_id", "kind", "id"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))
+    kind: Mapped[str] = mapped_column(String(32))  # heartbeat | report | profile
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    data: Mapped[dict[str, Any]] = mapped_column(Json)

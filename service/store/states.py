@@ -1,0 +1,75 @@
+"""The job state machine: the one place that says which status may follow which.
+
+```
+QUEUED -> SUBMITTING -> PENDING -> RUNNING -> SUCCEEDED | FAILED
+   |          |            |          |
+   +----------+------------+----------+--> CANCELLING -> CANCELLED
+(QUEUED -> CANCELLED directly; SUBMITTING/PENDING/RUNNING -> QUEUED to retry)
+```
+
+Terminal states are final. `transition` changes a job and appends its event in the caller's
+transaction, so both land or neither does.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from service.store.models import Event, Job, utcnow
+
+
+class JobStatus(StrEnum):
+    QUEUED = "QUEUED"
+    SUBMITTING = "SUBMITTING"
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    CANCELLING = "CANCELLING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+
+S = JobStatus
+TERMINAL: frozenset[JobStatus] = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED})
+ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
+    S.QUEUED: frozenset({S.SUBMITTING, S.CANCELLED}),
+    S.SUBMITTING: frozenset({S.PENDING, S.RUNNING, S.SUCCEEDED, S.FAILED, S.QUEUED, S.CANCELLING}),
+    S.PENDING: frozenset({S.RUNNING, S.SUCCEEDED, S.FAILED, S.QUEUED, S.CANCELLING}),
+    S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.QUEUED, S.CANCELLING}),
+    S.CANCELLING: frozenset({S.CANCELLED, S.SUCCEEDED, S.FAILED}),
+    S.SUCCEEDED: frozenset(),
+    S.FAILED: frozenset(),
+    S.CANCELLED: frozenset(),
+}
+
+
+class IllegalTransition(ValueError):
+    def __init__(self, job_id: int, current: str, wanted: str) -> None:
+        self.job_id, self.current, self.wanted = job_id, current, wanted
+        final = " (terminal states are final)" if JobStatus(current) in TERMINAL else ""
+        super().__init__(f"job {job_id}: {current} -> {wanted} is not allowed{final}")
+
+
+def add_event(session: Session, job: Job, *, actor: str, kind: str, message: str = "",
+              data: dict[str, Any] | None = None) -> Event:
+    event = Event(job_id=job.id, actor=actor, kind=kind, message=message, data=data or {})
+    session.add(event)
+    return event
+
+
+def transition(session: Session, job: Job, to: JobStatus, *, actor: str, message: str = "",
+               data: dict[str, Any] | None = None) -> Event:
+    """Move `job` to `to` and append a `job.<status>` event; raise `IllegalTransition` otherwise."""
+    current = JobStatus(job.status)
+    if to not in ALLOWED[current]:
+        raise IllegalTransition(job.id, current, to)
+    job.status = to
+    now = utcnow()
+    job.updated_at = now
+    if to in TERMINAL:
+        job.finished_at = now
+    return add_event(session, job, actor=actor, kind=f"job.{to.lower()}", message=message,
+                     data={"from": current.value, "to": to.value, **(data or {})})

@@ -1,0 +1,126 @@
+"""Teams and API tokens: creation, verification, revocation. Secrets are shown once, stored hashed."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Literal
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.store.models import ApiToken, Team, utcnow
+
+Role = Literal["admin", "member", "job"]
+TOKEN_PREFIX = "shc"
+
+
+class NotFound(LookupError):
+    """A referenced row does not exist (or is not visible to the caller)."""
+
+
+class Conflict(ValueError):
+    """The request contradicts what is stored (an existing name, a reused idempotency key...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: the token's id, role, team (members) and job (job tokens)."""
+
+    token_id: str
+    role: Role
+    team_id: int | None = None
+    team_name: str | None = None
+    job_id: int | None = None
+
+    @property
+    def actor(self) -> str:
+        return f"{self.role}:{self.token_id}"
+
+
+def _hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def create_team(session: Session, name: str) -> Team:
+    if session.scalar(select(Team).where(Team.name == name)) is not None:
+        raise Conflict(f"team {name!r} already exists")
+    team = Team(name=name)
+    session.add(team)
+    session.flush()
+    return team
+
+
+def team_by_name(session: Session, name: str) -> Team:
+    team = session.scalar(select(Team).where(Team.name == name))
+    if team is None:
+        raise NotFound(f"no team named {name!r}; create it with POST /v1/teams")
+    return team
+
+
+def ensure_team(session: Session, name: str) -> Team:
+    team = session.scalar(select(Team).where(Team.name == name))
+    if team is None:
+        team = Team(name=name)
+        session.add(team)
+        session.flush()
+    return team
+
+
+def create_token(session: Session, *, role: Role, team: Team | None = None, job_id: int | None = None,
+                 name: str | None = None, expires_at: datetime | None = None) -> tuple[ApiToken, str]:
+    """Create a token; return the row and the full secret `shc_<id>_<secret>` (never stored)."""
+    if role == "member" and team is None:
+        raise ValueError("a member token needs a team")
+    if role == "job" and job_id is None:
+        raise ValueError("a job token needs a job")
+    token_id = secrets.token_hex(8)
+    secret = secrets.token_urlsafe(32)
+    row = ApiToken(id=token_id, secret_hash=_hash(secret), role=role, team_id=team.id if team else None,
+                   job_id=job_id, name=name, expires_at=expires_at)
+    session.add(row)
+    session.flush()
+    return row, f"{TOKEN_PREFIX}_{token_id}_{secret}"
+
+
+def authenticate(session: Session, bearer: str) -> Principal | None:
+    """The principal behind a bearer secret, or None if it is unknown, revoked or expired."""
+    parts = bearer.split("_", 2)
+    if len(parts) != 3 or parts[0] != TOKEN_PREFIX:
+        return None
+    row = session.get(ApiToken, parts[1])
+    if row is None or not hmac.compare_digest(row.secret_hash, _hash(parts[2])):
+        return None
+    now = utcnow()
+    if row.revoked_at is not None:
+        return None
+    if row.expires_at is not None and _aware(row.expires_at) <= now:
+        return None
+    return Principal(token_id=row.id, role=row.role,  # type: ignore[arg-type]
+                     team_id=row.team_id, team_name=row.team.name if row.team else None, job_id=row.job_id)
+
+
+def _aware(at: datetime) -> datetime:
+    """SQLite returns naive datetimes for timezone-aware columns: they were stored in UTC."""
+    return at if at.tzinfo else at.replace(tzinfo=UTC)
+
+
+def revoke_token(session: Session, token_id: str) -> ApiToken:
+    row = session.get(ApiToken, token_id)
+    if row is None:
+        raise NotFound(f"no token {token_id!r}")
+    if row.revoked_at is None:
+        row.revoked_at = utcnow()
+    return row
+
+
+def list_tokens(session: Session) -> list[ApiToken]:
+    return list(session.scalars(select(ApiToken).where(ApiToken.role != "job").order_by(ApiToken.created_at)))
+
+
+def has_admin(session: Session) -> bool:
+    return session.scalar(select(ApiToken.id).where(ApiToken.role == "admin", ApiToken.revoked_at.is_(None))
+                          .limit(1)) is not None

@@ -1,0 +1,150 @@
+"""API fixtures: every test that takes `db_url` runs on SQLite and on a real PostgreSQL.
+
+PostgreSQL comes from SHARDCTL_TEST_POSTGRES_URL (scripts/test.sh sets it from deploy/postgres.sh).
+Without it the PostgreSQL runs skip with the reason, except under CI=true, where they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from service.api.app import create_app
+from service.settings import Settings
+from service.store import migrate
+from service.store.db import make_engine, make_sessionmaker
+from service.store.models import Base
+from service.store.tokens import create_token, ensure_team
+
+PG_ENV = "SHARDCTL_TEST_POSTGRES_URL"
+
+
+def _postgres_base() -> str | None:
+    url = os.environ.get(PG_ENV)
+    if url:
+        return url
+    if os.environ.get("CI"):
+        pytest.fail(f"{PG_ENV} is not set: CI must run the PostgreSQL tests (scripts/test.sh starts it)")
+    return None
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A fresh, migrated PostgreSQL database for this test session, dropped at the end."""
+    base = _postgres_base()
+    if base is None:
+        pytest.skip(f"PostgreSQL tests skipped: set {PG_ENV} (or run scripts/test.sh, which starts one)")
+    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    name = f"shardctl_test_{secrets.token_hex(4)}"
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"PostgreSQL at {make_url(base).host} unusable: {exc}")
+    url = make_url(base).set(database=name).render_as_string(hide_password=False)
+    migrate.upgrade(url)
+    yield url
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+def _truncate(url: str) -> None:
+    engine = create_engine(url)
+    tables = ", ".join(f'"{t.name}"' for t in Base.metadata.sorted_tables)
+    with engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
+    engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A migrated, empty database: a new SQLite file, or the session's PostgreSQL database truncated."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'shardctl.db'}"
+        migrate.upgrade(url)
+        return url
+    url: str = request.getfixturevalue("postgres_url")
+    _truncate(url)
+    return url
+
+
+@dataclass
+class Env:
+    """An app on one database, with helpers to mint tokens straight in the store."""
+
+    app: FastAPI
+    client: TestClient
+    url: str
+
+    def token(self, role: str = "admin", team: str | None = None, job_id: int | None = None,
+              **kw: object) -> str:
+        sessions = self.app.state.sessions
+        with sessions.begin() as session:
+            team_row = ensure_team(session, team) if team else None
+            _, secret = create_token(session, role=role, team=team_row, job_id=job_id, **kw)  # type: ignore[arg-type]
+        return secret
+
+    def headers(self, token: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+def env(db_url: str, tmp_path: Path) -> Iterator[Env]:
+    settings = Settings(database_url=db_url, data_dir=tmp_path, events_poll_s=0.05)
+    engine = make_engine(db_url)
+    app = create_app(settings, engine=engine)
+    with TestClient(app) as client:
+        yield Env(app=app, client=client, url=db_url)
+    engine.dispose()
+
+
+@pytest.fixture
+def admin(env: Env) -> dict[str, str]:
+    return env.headers(env.token("admin"))
+
+
+class LiveServer:
+    """uvicorn serving an app on a free localhost port, in a background thread."""
+
+    def __init__(self, app: FastAPI) -> None:
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.02)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture
+def live(env: Env) -> Iterator[str]:
+    with LiveServer(env.app) as url:
+        yield url
+
+
+__all__ = ["Env", "LiveServer", "make_sessionmaker"]

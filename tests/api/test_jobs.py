@@ -1,0 +1,167 @@
+"""Jobs through the API: submit, idempotency, refusal, listing, details, cancel, events (both databases)."""
+
+from __future__ import annotations
+
+import json
+
+from service.store.models import Job
+from service.store.states import JobStatus, transition
+from tests.api.conftest import Env
+from tests.specs import tiny
+
+
+def submit(env: Env, headers: dict[str, str], spec: dict, key: str | None = None):  # type: ignore[no-untyped-def]
+    extra = {"Idempotency-Key": key} if key else {}
+    return env.client.post("/v1/jobs", json=spec, headers={**headers, **extra})
+
+
+def test_submit_plans_and_queues(env: Env, admin: dict[str, str]) -> None:
+    r = submit(env, admin, tiny(team="alpha"))
+    assert r.status_code == 201, r.text
+    job = r.json()
+    assert job["status"] == "QUEUED" and job["team"] == "alpha" and job["backend"] == "local"
+    assert job["plan"]["fits"] and job["plan"]["layout"]["dp"] * job["plan"]["layout"]["cp"] >= 1
+    assert job["spec"]["team"] == "alpha" and job["predicted_step_s"] > 0
+    events = env.client.get(f"/v1/jobs/{job['id']}/events", headers=admin).json()
+    assert [e["kind"] for e in events] == ["job.queued"]
+
+
+def test_same_key_same_body_returns_the_first_job(env: Env, admin: dict[str, str]) -> None:
+    first = submit(env, admin, tiny(), key="abc")
+    again = submit(env, admin, tiny(), key="abc")
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert first.json()["id"] == again.json()["id"]
+    assert len(env.client.get("/v1/jobs", headers=admin).json()["items"]) == 1
+
+
+def test_same_key_different_body_is_a_conflict(env: Env, admin: dict[str, str]) -> None:
+    assert submit(env, admin, tiny(), key="abc").status_code == 201
+    r = submit(env, admin, tiny(name="other"), key="abc")
+    assert r.status_code == 409
+    assert r.json()["error"]["code"] == "conflict" and "different body" in r.json()["error"]["message"]
+
+
+def test_a_spec_that_does_not_fit_is_refused_with_reasons(env: Env, admin: dict[str, str]) -> None:
+    spec = tiny(model={"preset": "llama-3.1-405b"}, resources={"gpu": "H100-SXM-80GB", "gpus_per_node": 8})
+    r = submit(env, admin, spec)
+    assert r.status_code == 422
+    error = r.json()["error"]
+    assert error["code"] == "does_not_fit" and error["details"]["reasons"]
+    assert error["details"]["min_gpus_to_fit"] > 8
+    assert env.client.get("/v1/jobs", headers=admin).json()["items"] == []
+
+
+def test_validation_errors_name_each_field(env: Env, admin: dict[str, str]) -> None:
+    r = submit(env, admin, tiny(training={"global_batch": -1, "precision": "int4"}))
+    assert r.status_code == 422
+    error = r.json()["error"]
+    assert error["code"] == "validation_error"
+    assert {f["loc"] for f in error["fields"]} >= {"training.global_batch", "training.precision"}
+
+
+def test_planner_errors_name_the_field(env: Env, admin: dict[str, str]) -> None:
+    r = submit(env, admin, tiny(resources={"gpu": "H900"}))
+    assert r.status_code == 422
+    assert r.json()["error"]["code"] == "invalid_spec"
+    assert r.json()["error"]["fields"][0]["loc"] == "resources.gpu"
+
+
+def test_dry_run_plan_creates_no_job(env: Env, admin: dict[str, str]) -> None:
+    r = env.client.post("/v1/plans", json=tiny(), headers=admin)
+    assert r.status_code == 200 and r.json()["fits"]
+    assert env.client.get("/v1/jobs", headers=admin).json()["items"] == []
+
+
+def test_list_is_newest_first_with_filters_and_cursor(env: Env, admin: dict[str, str]) -> None:
+    ids = [submit(env, admin, tiny(name=f"job-{i}", team="alpha" if i % 2 else "beta")).json()["id"]
+           for i in range(7)]
+    page = env.client.get("/v1/jobs", params={"limit": 3}, headers=admin).json()
+    assert [j["id"] for j in page["items"]] == ids[::-1][:3]
+    seen = [j["id"] for j in page["items"]]
+    while page["next_cursor"]:
+        page = env.client.get("/v1/jobs", params={"limit": 3, "cursor": page["next_cursor"]}, headers=admin).json()
+        seen += [j["id"] for j in page["items"]]
+    assert seen == ids[::-1]
+    alpha = env.client.get("/v1/jobs", params={"team": "alpha"}, headers=admin).json()["items"]
+    assert {j["team"] for j in alpha} == {"alpha"} and len(alpha) == 3
+    assert [j["name"] for j in env.client.get("/v1/jobs", params={"name": "job-4"}, headers=admin)
+            .json()["items"]] == ["job-4"]
+    env.client.post(f"/v1/jobs/{ids[0]}/cancel", headers=admin)
+    cancelled = env.client.get("/v1/jobs", params={"status": "CANCELLED"}, headers=admin).json()["items"]
+    assert [j["id"] for j in cancelled] == [ids[0]]
+    both = env.client.get("/v1/jobs", params=[("status", "CANCELLED"), ("status", "QUEUED")], headers=admin)
+    assert len(both.json()["items"]) == 7
+    assert env.client.get("/v1/jobs", params={"backend": "slurm"}, headers=admin).json()["items"] == []
+
+
+def test_bad_list_parameters_are_422(env: Env, admin: dict[str, str]) -> None:
+    assert env.client.get("/v1/jobs", params={"status": "DONE"}, headers=admin).status_code == 422
+    assert env.client.get("/v1/jobs", params={"cursor": "abc"}, headers=admin).status_code == 422
+    assert env.client.get("/v1/jobs", params={"limit": 1000}, headers=admin).status_code == 422
+
+
+def _force(env: Env, job_id: int, *path: JobStatus) -> None:
+    with env.app.state.sessions.begin() as session:
+        job = session.get(Job, job_id)
+        for status in path:
+            transition(session, job, status, actor="test")
+
+
+def test_cancel_queued_is_immediate_and_idempotent(env: Env, admin: dict[str, str]) -> None:
+    job_id = submit(env, admin, tiny()).json()["id"]
+    for _ in range(2):
+        r = env.client.post(f"/v1/jobs/{job_id}/cancel", headers=admin)
+        assert r.status_code == 200 and r.json()["status"] == "CANCELLED"
+    kinds = [e["kind"] for e in env.client.get(f"/v1/jobs/{job_id}/events", headers=admin).json()]
+    assert kinds == ["job.queued", "job.cancelled"]
+
+
+def test_cancel_running_moves_to_cancelling(env: Env, admin: dict[str, str]) -> None:
+    job_id = submit(env, admin, tiny()).json()["id"]
+    _force(env, job_id, JobStatus.SUBMITTING, JobStatus.PENDING, JobStatus.RUNNING)
+    assert env.client.post(f"/v1/jobs/{job_id}/cancel", headers=admin).json()["status"] == "CANCELLING"
+    assert env.client.post(f"/v1/jobs/{job_id}/cancel", headers=admin).json()["status"] == "CANCELLING"
+
+
+def test_cancel_of_a_finished_job_changes_nothing(env: Env, admin: dict[str, str]) -> None:
+    job_id = submit(env, admin, tiny()).json()["id"]
+    _force(env, job_id, JobStatus.SUBMITTING, JobStatus.RUNNING, JobStatus.SUCCEEDED)
+    assert env.client.post(f"/v1/jobs/{job_id}/cancel", headers=admin).json()["status"] == "SUCCEEDED"
+
+
+def test_job_details_carry_attempts_and_latest_measurements(env: Env, admin: dict[str, str]) -> None:
+    job_id = submit(env, admin, tiny()).json()["id"]
+    job_token = env.headers(env.token("job", job_id=job_id))
+    for step in (1, 2):
+        r = env.client.post(f"/v1/jobs/{job_id}/measurements", json={"kind": "heartbeat", "data": {"step": step}},
+                            headers=job_token)
+        assert r.status_code == 201
+    env.client.post(f"/v1/jobs/{job_id}/measurements", json={"kind": "report", "data": {"step_s": 1.5}},
+                    headers=job_token)
+    job = env.client.get(f"/v1/jobs/{job_id}", headers=admin).json()
+    assert job["measurements"]["heartbeat"]["data"] == {"step": 2}
+    assert job["measurements"]["report"]["data"] == {"step_s": 1.5}
+    assert job["attempts"] == []
+    kinds = [e["kind"] for e in env.client.get(f"/v1/jobs/{job_id}/events", headers=admin).json()]
+    assert kinds == ["job.queued", "job.report"]  # heartbeats are measurements, not events
+
+
+def test_events_after_and_sse_stream_until_terminal(env: Env, admin: dict[str, str]) -> None:
+    job_id = submit(env, admin, tiny()).json()["id"]
+    _force(env, job_id, JobStatus.SUBMITTING, JobStatus.PENDING, JobStatus.RUNNING, JobStatus.SUCCEEDED)
+    events = env.client.get(f"/v1/jobs/{job_id}/events", headers=admin).json()
+    assert [e["kind"] for e in events] == ["job.queued", "job.submitting", "job.pending", "job.running",
+                                           "job.succeeded"]
+    later = env.client.get(f"/v1/jobs/{job_id}/events", params={"after": events[2]["id"]}, headers=admin).json()
+    assert [e["kind"] for e in later] == ["job.running", "job.succeeded"]
+    with env.client.stream("GET", f"/v1/jobs/{job_id}/events", headers={**admin, "Accept": "text/event-stream"}) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        body = "".join(r.iter_text())
+    data = [json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: {\"")]
+    assert [d["kind"] for d in data] == [e["kind"] for e in events]
+    assert body.rstrip().endswith("event: end\ndata: {}")
+
+
+def test_unknown_job_is_404(env: Env, admin: dict[str, str]) -> None:
+    r = env.client.get("/v1/jobs/999", headers=admin)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
