@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Awaitable, Callable
 
@@ -13,6 +14,31 @@ from service.api.metrics import make_metrics
 from service.api.routers import health, jobs, plans, teams, tokens
 from service.settings import Settings
 from service.store.db import make_engine, make_sessionmaker
+
+
+async def _has_nul(request: Request) -> bool:
+    """NUL characters anywhere in the path, query or JSON strings (PostgreSQL text cannot store them)."""
+    if "\x00" in request.url.path or b"%00" in request.scope.get("query_string", b""):
+        return True
+    if request.method not in ("POST", "PUT", "PATCH"):
+        return False
+    body = await request.body()
+    if b"\\u0000" not in body and b"\x00" not in body:
+        return False
+    try:
+        return _contains_nul(json.loads(body))
+    except ValueError:
+        return b"\x00" in body
+
+
+def _contains_nul(value: object) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_contains_nul(k) or _contains_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_contains_nul(v) for v in value)
+    return False
 
 
 def create_app(settings: Settings | None = None, *, engine: Engine | None = None) -> FastAPI:
@@ -36,6 +62,8 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
             return errors.error_response(413, "too_large", f"request body over {settings.max_body_bytes} bytes")
+        if await _has_nul(request):
+            return errors.error_response(422, "validation_error", "NUL characters are not allowed in requests")
         start = time.perf_counter()
         response = await call_next(request)
         route = request.scope.get("route")

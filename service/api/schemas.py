@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from service.spec import NAME_PATTERN
 
@@ -93,9 +93,19 @@ class TeamOut(BaseModel):
 class TokenIn(BaseModel):
     role: Literal["admin", "member", "job"] = "member"
     team: str | None = Field(None, description="Required for member tokens.")
-    job_id: int | None = Field(None, description="Required for job tokens.")
+    job_id: int | None = Field(None, ge=1, le=2**63 - 1, description="Required for job tokens.")
     name: str | None = Field(None, max_length=200)
-    expires_in_s: int | None = Field(None, gt=0, description="Lifetime in seconds; none: until revoked.")
+    expires_in_s: int | None = Field(None, gt=0, le=10 * 365 * 86400,
+                                     description="Lifetime in seconds (at most 10 years); none: until revoked.")
+
+
+    @model_validator(mode="after")
+    def _fields_fit_the_role(self) -> TokenIn:
+        if self.team is not None and self.role != "member":
+            raise ValueError("team applies only to role member")
+        if self.job_id is not None and self.role != "job":
+            raise ValueError("job_id applies only to role job")
+        return self
 
 
 class TokenOut(BaseModel):

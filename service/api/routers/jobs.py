@@ -3,9 +3,9 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from typing import Annotated
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from service.api.deps import Caller, Db, Person
@@ -13,7 +13,7 @@ from service.api.errors import ApiError
 from service.api.schemas import ErrorResponse, EventOut, JobOut, JobPage, MeasurementIn, MeasurementOut
 from service.api.submission import submit
 from service.api.views import event_out, job_out, job_summary
-from service.spec import TrainingSpec
+from service.spec import NAME_PATTERN, TrainingSpec
 from service.store.jobs import (
     JobFilter,
     add_measurement,
@@ -29,6 +29,7 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 ERRORS: dict[int | str, dict[str, object]] = {
     404: {"model": ErrorResponse}, 409: {"model": ErrorResponse}, 422: {"model": ErrorResponse}}
 StatusName = JobStatus
+JobId = Annotated[int, Path(ge=1, le=2**63 - 1, description="The job's id.")]
 
 
 @router.post("", response_model=JobOut, status_code=201, responses=ERRORS,
@@ -50,7 +51,9 @@ def create_job(spec: TrainingSpec, principal: Person, db: Db, request: Request, 
 @router.get("", response_model=JobPage, summary="List jobs, newest first")
 def get_jobs(principal: Caller, db: Db,
              status: Annotated[list[StatusName] | None, Query(description="Repeat to match several.")] = None,
-             team: str | None = None, backend: str | None = None, name: str | None = None,
+             team: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
+             backend: Annotated[Literal["local", "slurm", "kubernetes"] | None, Query()] = None,
+             name: Annotated[str | None, Query(max_length=200)] = None,
              limit: Annotated[int, Query(ge=1, le=200)] = 50,
              cursor: Annotated[str | None, Query(pattern=r"^\d{1,18}$")] = None) -> JobPage:
     filters = JobFilter(status=[s.value for s in status or []], team=team, backend=backend, name=name)
@@ -62,13 +65,13 @@ def get_jobs(principal: Caller, db: Db,
 
 
 @router.get("/{job_id}", response_model=JobOut, responses=ERRORS)
-def get_job(job_id: int, principal: Caller, db: Db) -> JobOut:
+def get_job(job_id: JobId, principal: Caller, db: Db) -> JobOut:
     with db.begin() as session:
         return job_out(session, visible_job(session, principal, job_id))
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, responses=ERRORS)
-def cancel(job_id: int, principal: Person, db: Db) -> JobOut:
+def cancel(job_id: JobId, principal: Person, db: Db) -> JobOut:
     """Idempotent. A queued job is cancelled at once; a submitted one moves to CANCELLING and the
     dispatcher finishes it on the backend."""
     with db.begin() as session:
@@ -78,8 +81,8 @@ def cancel(job_id: int, principal: Person, db: Db) -> JobOut:
 
 @router.get("/{job_id}/events", response_model=list[EventOut], responses=ERRORS,
             summary="The event history; `Accept: text/event-stream` (or ?stream=true) follows it live")
-def get_events(job_id: int, principal: Caller, db: Db, request: Request,
-               after: Annotated[int, Query(ge=0, description="Only events with a larger id.")] = 0,
+def get_events(job_id: JobId, principal: Caller, db: Db, request: Request,
+               after: Annotated[int, Query(ge=0, le=2**63 - 1, description="Only events with a larger id.")] = 0,
                stream: bool = False, last_event_id: Annotated[str | None, Header()] = None) -> object:
     with db.begin() as session:
         job = visible_job(session, principal, job_id)
@@ -114,7 +117,7 @@ def _event_stream(db: Db, principal: Caller, job_id: int, after: int, poll_s: fl
 
 @router.post("/{job_id}/measurements", response_model=MeasurementOut, status_code=201, responses=ERRORS,
              summary="Report a heartbeat, the final report or a profile summary (job token or admin)")
-def report(job_id: int, body: MeasurementIn, principal: Caller, db: Db) -> MeasurementOut:
+def report(job_id: JobId, body: MeasurementIn, principal: Caller, db: Db) -> MeasurementOut:
     if principal.role == "member":
         raise ApiError(403, "forbidden", "only the job's own token (or an admin) reports measurements")
     with db.begin() as session:

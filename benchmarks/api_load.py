@@ -1,0 +1,521 @@
+"""API load: submissions per second and read latency with 100,000 jobs in PostgreSQL.
+
+Creates a fresh database (`shardctl_bench_<random>`, dropped at the end), migrates it, bulk-inserts
+`--jobs` realistic jobs (spec and plan of a real `plan()`, spread over teams, statuses and backends,
+one `job.queued` event each), mints an admin and a member token, starts the API as a separate
+process (`uvicorn --factory service.api.app:create_app`) and drives it from this process with
+`--concurrency` asyncio tasks sharing an httpx client, only against 127.0.0.1. It measures:
+
+1. submissions/s of `POST /v1/jobs` (member token, the `llama-tiny` preset on `gpu: cpu`);
+2. p50/p99 latency of `GET /v1/jobs/{id}` over random ids, alone (concurrency 1) and under load;
+3. p50/p99 of a filtered list `GET /v1/jobs?status=QUEUED&team=T&limit=50` and of its second page
+   (the cursor the first page returned), alone and under load;
+4. for comparison, the same reads as raw SQL through psycopg (what a user with database access would
+   otherwise do), and the CPU time the server spent per request.
+
+It prints a table with each figure next to the goal (300 submissions/s; a p99 read under 20 ms on a
+2-core machine) and figure/goal. It always exits 0 once it has measured: it is a measurement, not a test.
+
+    .venv/bin/python benchmarks/api_load.py --postgres-url "$(deploy/postgres.sh)" \
+        [--jobs 100000] [--submissions 1000] [--reads 2000] [--concurrency 16] [--server-workers 1]
+
+The PostgreSQL URL (its role needs CREATEDB) defaults to $SHARDCTL_TEST_POSTGRES_URL, else the
+`shardctl` role on 127.0.0.1:5432 that `deploy/postgres.sh` sets up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+from sqlalchemy import create_engine, insert, select, text
+from sqlalchemy.engine import make_url
+
+from service.planner import plan
+from service.spec import TrainingSpec
+from service.store import migrate
+from service.store.db import make_sessionmaker
+from service.store.models import Event, Job, Team
+from service.store.tokens import create_token
+
+DEFAULT_URL = "postgresql+psycopg://shardctl:shardctl@127.0.0.1:5432/shardctl"
+GOAL_SUBMISSIONS_PER_S = 300.0
+GOAL_P99_READ_MS = 20.0
+TEAMS = ("alpha", "beta", "gamma", "delta")
+MEMBER_TEAM = TEAMS[0]
+STATUSES = {"SUCCEEDED": 50, "FAILED": 10, "CANCELLED": 5, "QUEUED": 15, "PENDING": 5, "RUNNING": 15}
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+BACKENDS = {"slurm": 5, "kubernetes": 4, "local": 1}
+BATCH = 5000
+TINY: dict[str, Any] = {
+    "name": "tiny",
+    "model": {"preset": "llama-tiny"},
+    "training": {"global_batch": 8, "precision": "fp32", "steps": 5},
+    "resources": {"gpu": "cpu", "gpus_per_node": 2, "nodes": 1},
+}
+
+
+# ---------------------------------------------------------------- database
+
+
+@contextmanager
+def bench_database(base_url: str) -> Iterator[str]:
+    """A new, migrated database on the server of `base_url`; dropped (forcibly) on exit."""
+    admin = create_engine(base_url, isolation_level="AUTOCOMMIT")
+    name = f"shardctl_bench_{secrets.token_hex(4)}"
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        url = make_url(base_url).set(database=name).render_as_string(hide_password=False)
+        migrate.upgrade(url)
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@dataclass(frozen=True)
+class Seeded:
+    jobs: int
+    seconds: float
+    admin_token: str
+    member_token: str
+    db_bytes: int
+
+
+def _choices(rng: random.Random, weights: dict[str, int], n: int) -> list[str]:
+    return rng.choices(list(weights), weights=list(weights.values()), k=n)
+
+
+def seed(url: str, n_jobs: int, rng: random.Random) -> Seeded:
+    """Bulk-insert `n_jobs` jobs (ids 1..n) and their `job.queued` events; mint the two tokens."""
+    start = time.perf_counter()
+    base = TrainingSpec.model_validate(TINY)
+    plan_doc = plan(base).model_dump(mode="json")
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        team_ids = {t: int(conn.execute(insert(Team).values(name=t, created_at=datetime.now(UTC))
+                                        .returning(Team.id)).scalar_one()) for t in TEAMS}
+    specs = {(t, b): base.model_copy(update={"team": t, "backend": base.backend.model_copy(update={"kind": b})})
+             .model_dump(mode="json") for t in TEAMS for b in BACKENDS}
+    event_data = {"layout": plan_doc.get("layout"), "step_s": plan_doc.get("time", {}).get("step_s")}
+    t0 = datetime.now(UTC) - timedelta(seconds=n_jobs * 30)
+    for lo in range(1, n_jobs + 1, BATCH):
+        hi = min(lo + BATCH, n_jobs + 1)
+        size = hi - lo
+        teams, statuses, backends = rng.choices(TEAMS, k=size), _choices(rng, STATUSES, size), \
+            _choices(rng, BACKENDS, size)
+        jobs: list[dict[str, Any]] = []
+        events: list[dict[str, Any]] = []
+        for k, job_id in enumerate(range(lo, hi)):
+            created = t0 + timedelta(seconds=job_id * 30)
+            updated = created + timedelta(seconds=rng.randint(1, 7200))
+            status = statuses[k]
+            jobs.append({
+                "id": job_id, "name": f"run-{teams[k]}-{job_id % 977}", "team_id": team_ids[teams[k]],
+                "status": status, "backend": backends[k], "priority": rng.choice((0, 0, 0, 10, 100)),
+                "spec": specs[(teams[k], backends[k])], "plan": plan_doc, "created_by": "admin:seed",
+                "created_at": created, "updated_at": updated,
+                "finished_at": updated if status in TERMINAL else None,
+                "lease_owner": None, "lease_expires_at": None})
+            events.append({"job_id": job_id, "at": created, "actor": "admin:seed", "kind": "job.queued",
+                           "message": "planned and queued", "data": event_data})
+        with engine.begin() as conn:
+            conn.execute(insert(Job), jobs)
+            conn.execute(insert(Event), events)
+    with engine.begin() as conn:
+        conn.execute(text("SELECT setval(pg_get_serial_sequence('jobs', 'id'), :n)"), {"n": max(n_jobs, 1)})
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("VACUUM ANALYZE"))
+        db_bytes = int(conn.execute(text("SELECT pg_database_size(current_database())")).scalar_one())
+    with make_sessionmaker(engine).begin() as session:
+        _, admin_token = create_token(session, role="admin", name="bench admin")
+        member_team = session.scalars(select(Team).where(Team.name == MEMBER_TEAM)).one()
+        _, member_token = create_token(session, role="member", team=member_team, name="bench member")
+    engine.dispose()
+    return Seeded(n_jobs, time.perf_counter() - start, admin_token, member_token, db_bytes)
+
+
+# ---------------------------------------------------------------- server
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _proc_stats() -> dict[int, tuple[str, int, float]]:
+    """pid -> (command name, parent pid, user + system CPU seconds), from Linux /proc (empty elsewhere)."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    stats: dict[int, tuple[str, int, float]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            head, tail = (entry / "stat").read_text().rsplit(")", 1)
+            fields = tail.split()
+            stats[int(entry.name)] = (head.split("(", 1)[1], int(fields[1]),
+                                      (int(fields[11]) + int(fields[12])) / tick)
+        except (OSError, IndexError, ValueError):
+            continue
+    return stats
+
+
+def machine_cpu_seconds() -> float:
+    """Busy CPU seconds of the whole machine since boot, all cores together (Linux; 0.0 elsewhere)."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return 0.0
+    busy = [int(x) for i, x in enumerate(fields) if i not in (3, 4)]  # all but idle and iowait
+    return sum(busy[:6]) / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+
+
+def _tree_cpu_seconds(root: int) -> float:
+    """User + system CPU seconds of `root` and its descendants (Linux /proc; 0.0 elsewhere)."""
+    stats = {pid: (ppid, cpu) for pid, (_, ppid, cpu) in _proc_stats().items()}
+    wanted, total, grew = {root}, 0.0, True
+    while grew:
+        grew = False
+        for pid, (ppid, _) in stats.items():
+            if ppid in wanted and pid not in wanted:
+                wanted.add(pid)
+                grew = True
+    for pid in wanted:
+        total += stats.get(pid, (0, 0.0))[1]
+    return total
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen[bytes]
+    base: str
+    log: Path
+
+    def cpu_seconds(self) -> float:
+        return _tree_cpu_seconds(self.process.pid)
+
+
+@contextmanager
+def api_server(url: str, workers: int, workdir: Path) -> Iterator[Server]:
+    """The API in its own process on a free localhost port, once `/healthz` answers."""
+    port = _free_port()
+    log = workdir / "uvicorn.log"
+    env = {**os.environ, "SHARDCTL_DATABASE_URL": url, "SHARDCTL_DATA_DIR": str(workdir)}
+    cmd = [sys.executable, "-m", "uvicorn", "--factory", "service.api.app:create_app", "--host", "127.0.0.1",
+           "--port", str(port), "--log-level", "warning", "--no-access-log", "--workers", str(workers)]
+    with log.open("wb") as out:
+        process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    server = Server(process, f"http://127.0.0.1:{port}", log)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"the API server exited ({process.returncode}):\n{log.read_text()[-3000:]}")
+            try:
+                if httpx.get(server.base + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the API server did not answer /healthz in 60 s:\n{log.read_text()[-3000:]}")
+            time.sleep(0.1)
+        yield server
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+# ---------------------------------------------------------------- load
+
+
+Request = Callable[[httpx.AsyncClient, int], Awaitable[tuple[float, int]]]
+"""Performs request number i; returns (seconds, HTTP status)."""
+
+
+@dataclass
+class Phase:
+    label: str
+    concurrency: int
+    latencies: list[float] = field(default_factory=list)
+    errors: dict[int, int] = field(default_factory=dict)
+    wall_s: float = 0.0
+    client_cpu_s: float = 0.0
+    server_cpu_s: float = 0.0
+    machine_cpu_s: float = 0.0
+
+    @property
+    def ok(self) -> int:
+        return len(self.latencies)
+
+    @property
+    def rate(self) -> float:
+        return self.ok / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def other_cpu_s(self) -> float:
+        """The machine's CPU time that was neither the server's nor the client's: PostgreSQL, mostly."""
+        return max(0.0, self.machine_cpu_s - self.server_cpu_s - self.client_cpu_s)
+
+    def pct_ms(self, q: float) -> float:
+        return percentile(self.latencies, q) * 1000
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), -(-len(ordered) * q // 100)))
+    return ordered[int(rank) - 1]
+
+
+async def timed(client: httpx.AsyncClient, method: str, path: str,
+                **kw: Any) -> tuple[float, int, httpx.Response]:
+    start = time.perf_counter()
+    response = await client.request(method, path, **kw)
+    return time.perf_counter() - start, response.status_code, response
+
+
+def run_phase(label: str, server: Server, token: str, request: Request, count: int, concurrency: int,
+              max_seconds: float, ok_status: int = 200) -> Phase:
+    """`count` requests from `concurrency` asyncio tasks sharing one keep-alive client (a closed loop:
+    each task sends its next request when the previous one is answered), for at most `max_seconds`.
+    Records the latencies of the requests answered with `ok_status` and counts the others."""
+    phase = Phase(label, concurrency)
+
+    async def drive() -> None:
+        next_i = 0
+        deadline = time.monotonic() + max_seconds
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+
+        async def worker(client: httpx.AsyncClient) -> None:
+            nonlocal next_i
+            while time.monotonic() < deadline and next_i < count:
+                i, next_i = next_i, next_i + 1
+                try:
+                    seconds, status = await request(client, i)
+                except httpx.HTTPError:
+                    seconds, status = 0.0, -1
+                if status == ok_status:
+                    phase.latencies.append(seconds)
+                else:
+                    phase.errors[status] = phase.errors.get(status, 0) + 1
+
+        async with httpx.AsyncClient(base_url=server.base, headers={"Authorization": f"Bearer {token}"},
+                                     timeout=30, limits=limits) as client:
+            await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+
+    cpu0, server0, machine0 = time.process_time(), server.cpu_seconds(), machine_cpu_seconds()
+    start = time.perf_counter()
+    asyncio.run(drive())
+    phase.wall_s = time.perf_counter() - start
+    phase.client_cpu_s = time.process_time() - cpu0
+    phase.server_cpu_s = server.cpu_seconds() - server0
+    phase.machine_cpu_s = machine_cpu_seconds() - machine0
+    return phase
+
+
+async def healthz_request(client: httpx.AsyncClient, i: int) -> tuple[float, int]:
+    """The framework's floor: a sync handler that touches no database (and checks no token)."""
+    seconds, status, _ = await timed(client, "GET", "/healthz")
+    return seconds, status
+
+
+def submit_request(run_id: str) -> Request:
+    async def do(client: httpx.AsyncClient, i: int) -> tuple[float, int]:
+        body = {**TINY, "name": f"bench-{run_id}-{i}"}
+        seconds, status, _ = await timed(client, "POST", "/v1/jobs", json=body)
+        return seconds, status
+    return do
+
+
+def get_request(n_jobs: int, seed_: int) -> Request:
+    async def do(client: httpx.AsyncClient, i: int) -> tuple[float, int]:
+        job_id = random.Random(seed_ * 1_000_003 + i).randint(1, n_jobs)
+        seconds, status, _ = await timed(client, "GET", f"/v1/jobs/{job_id}")
+        return seconds, status
+    return do
+
+
+def list_requests(seed_: int) -> tuple[Request, Request]:
+    """(first page, second page) of `status=QUEUED&team=T&limit=50` for a random team; request i of the
+    second page follows the cursor that request i of the first page returned (a first page without a
+    cursor counts as a 204 'error' of the second)."""
+    cursors: dict[int, str | None] = {}
+
+    def params(i: int) -> dict[str, str | int]:
+        team = random.Random(seed_ * 1_000_003 + i).choice(TEAMS)
+        return {"status": "QUEUED", "team": team, "limit": 50}
+
+    async def first(client: httpx.AsyncClient, i: int) -> tuple[float, int]:
+        seconds, status, response = await timed(client, "GET", "/v1/jobs", params=params(i))
+        cursors[i] = response.json().get("next_cursor") if status == 200 else None
+        return seconds, status
+
+    async def second(client: httpx.AsyncClient, i: int) -> tuple[float, int]:
+        cursor = cursors.get(i)
+        if cursor is None:
+            return 0.0, 204
+        seconds, status, _ = await timed(client, "GET", "/v1/jobs", params={**params(i), "cursor": cursor})
+        return seconds, status
+
+    return first, second
+
+
+# ---------------------------------------------------------------- the alternative: raw SQL
+
+
+RAW_GET = """
+SELECT j.id, j.name, t.name, j.status, j.backend, j.priority, j.spec, j.plan, j.created_at, j.updated_at,
+       j.finished_at
+FROM jobs j JOIN teams t ON t.id = j.team_id WHERE j.id = %s"""
+RAW_LIST = """
+SELECT j.id, j.name, t.name, j.status, j.backend, j.priority, j.plan, j.created_at, j.updated_at, j.finished_at
+FROM jobs j JOIN teams t ON t.id = j.team_id
+WHERE j.status = 'QUEUED' AND t.name = %s ORDER BY j.id DESC LIMIT 51"""
+
+
+def raw_sql(url: str, n_jobs: int, reads: int, seed_: int) -> tuple[Phase, Phase]:
+    """The same reads as one SQL query each over one psycopg connection, sequentially."""
+    dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    get, listing = Phase("raw SQL: job by id", 1), Phase("raw SQL: filtered list", 1)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for phase, query in ((get, RAW_GET), (listing, RAW_LIST)):
+            cpu0, machine0, start = time.process_time(), machine_cpu_seconds(), time.perf_counter()
+            for i in range(reads):
+                rng = random.Random(seed_ * 1_000_003 + i)
+                arg: int | str = rng.randint(1, n_jobs) if query is RAW_GET else rng.choice(TEAMS)
+                t = time.perf_counter()
+                conn.execute(query, (arg,)).fetchall()
+                phase.latencies.append(time.perf_counter() - t)
+            phase.wall_s = time.perf_counter() - start
+            phase.client_cpu_s = time.process_time() - cpu0
+            phase.machine_cpu_s = machine_cpu_seconds() - machine0
+    return get, listing
+
+
+# ---------------------------------------------------------------- report
+
+
+def print_report(seeded: Seeded, phases: dict[str, Phase], raw: tuple[Phase, Phase], workers: int) -> None:
+    sub = phases["submit"]
+    print(f"\nshardctl API load — {seeded.jobs} jobs seeded in {seeded.seconds:.1f} s "
+          f"(database {seeded.db_bytes / 2**20:.0f} MiB), API server: uvicorn, {workers} worker(s), "
+          f"{os.cpu_count()} CPU(s), load generator: this process (httpx, asyncio)\n")
+    rows: list[tuple[str, float, float | None, bool]] = []  # label, figure, goal, higher is better
+    rows.append((f"POST /v1/jobs submissions/s (c={sub.concurrency})", sub.rate, GOAL_SUBMISSIONS_PER_S, True))
+    rows.append((f"POST /v1/jobs p50 ms (c={sub.concurrency})", sub.pct_ms(50), None, False))
+    rows.append((f"POST /v1/jobs p99 ms (c={sub.concurrency})", sub.pct_ms(99), None, False))
+    for key, what in (("healthz", "GET /healthz (no db, no auth)"), ("get", "GET /v1/jobs/{id}"),
+                      ("list1", "GET /v1/jobs?status&team p1"),
+                      ("list2", "GET /v1/jobs?...&cursor p2")):
+        for c_key in ("1", "n"):
+            phase = phases[f"{key}-{c_key}"]
+            tag = f"{what} (c={phase.concurrency})"
+            rows.append((f"{tag} p50 ms", phase.pct_ms(50), None, False))
+            rows.append((f"{tag} p99 ms", phase.pct_ms(99), None if key == "healthz" else GOAL_P99_READ_MS, False))
+    raw_get, raw_list = raw
+    rows.append((f"{raw_get.label} p50 ms (c=1)", raw_get.pct_ms(50), None, False))
+    rows.append((f"{raw_get.label} p99 ms (c=1)", raw_get.pct_ms(99), None, False))
+    rows.append((f"{raw_list.label} p50 ms (c=1)", raw_list.pct_ms(50), None, False))
+    rows.append((f"{raw_list.label} p99 ms (c=1)", raw_list.pct_ms(99), None, False))
+
+    print(f"{'measure':52} {'figure':>9} {'goal':>7} {'figure/goal':>11}  meets")
+    for label, figure, goal, higher in rows:
+        if goal is None:
+            print(f"{label:52} {figure:9.2f} {'':>7} {'':>11}")
+            continue
+        meets = figure >= goal if higher else figure <= goal
+        print(f"{label:52} {figure:9.2f} {goal:7.0f} {figure / goal:11.2f}  {'yes' if meets else 'NO'}")
+
+    print(f"\n{'phase':34} {'ok':>6} {'errors':>12} {'wall s':>7} {'req/s':>7}   CPU ms per request:"
+          f" {'server':>7} {'other':>8} {'client':>7}")
+    for phase in (*phases.values(), raw_get, raw_list):
+        errors = ",".join(f"{k}:{v}" for k, v in sorted(phase.errors.items())) or "-"
+        n = max(phase.ok, 1)
+        print(f"{phase.label + f' c={phase.concurrency}':34} {phase.ok:6d} {errors:>12} {phase.wall_s:7.2f}"
+              f" {phase.rate:7.1f} {'':>22}{phase.server_cpu_s * 1000 / n:7.2f}"
+              f" {phase.other_cpu_s * 1000 / n:8.2f} {phase.client_cpu_s * 1000 / n:7.2f}")
+    get1 = phases["get-1"]
+    list1 = phases["list1-1"]
+    print(f"\nAPI overhead over raw SQL (p50, c=1): GET by id x{get1.pct_ms(50) / raw_get.pct_ms(50):.1f}, "
+          f"filtered list x{list1.pct_ms(50) / raw_list.pct_ms(50):.1f}")
+    print("Errors: HTTP status:count (-1 = transport error; 204 on page 2 = page 1 had no cursor). "
+          "CPU: server = the uvicorn process\n"
+          "tree, client = this process, other = the rest of the machine (PostgreSQL, mostly); they share the CPUs.")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--postgres-url", default=os.environ.get("SHARDCTL_TEST_POSTGRES_URL", DEFAULT_URL),
+                        help="a PostgreSQL URL whose role may CREATE DATABASE")
+    parser.add_argument("--jobs", type=int, default=100_000, help="jobs to seed")
+    parser.add_argument("--submissions", type=int, default=1000, help="POST /v1/jobs requests")
+    parser.add_argument("--reads", type=int, default=2000, help="requests of each read phase")
+    parser.add_argument("--concurrency", type=int, default=16, help="concurrent clients of the loaded phases")
+    parser.add_argument("--server-workers", type=int, default=1, help="uvicorn worker processes")
+    parser.add_argument("--max-seconds", type=float, default=90.0, help="time limit of each phase")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    if args.jobs < 1 or args.concurrency < 1:
+        parser.error("--jobs and --concurrency must be at least 1")
+    rng = random.Random(args.seed)
+    run_id = secrets.token_hex(3)
+    started = time.perf_counter()
+
+    with tempfile.TemporaryDirectory(prefix="shardctl-bench-") as tmp, bench_database(args.postgres_url) as url:
+        print(f"seeding {args.jobs} jobs into {make_url(url).database} ...", flush=True)
+        seeded = seed(url, args.jobs, rng)
+        print(f"seeded in {seeded.seconds:.1f} s; starting the API server ...", flush=True)
+        with api_server(url, args.server_workers, Path(tmp)) as server:
+            c, limit = args.concurrency, args.max_seconds
+            admin, member = seeded.admin_token, seeded.member_token
+            first, second = list_requests(args.seed)
+            # Warm-up: connection pools, imports, PostgreSQL caches.
+            run_phase("warm-up", server, admin, get_request(args.jobs, args.seed + 7), 200, c, limit)
+            run_phase("warm-up", server, admin, first, 100, c, limit)
+            phases: dict[str, Phase] = {}
+            print("submitting ...", flush=True)
+            phases["submit"] = run_phase("POST /v1/jobs", server, member, submit_request(run_id),
+                                         args.submissions, c, limit, ok_status=201)
+            print("reading ...", flush=True)
+            for c_key, conc in (("1", 1), ("n", c)):
+                phases[f"healthz-{c_key}"] = run_phase("GET /healthz (floor)", server, admin, healthz_request,
+                                                       args.reads, conc, limit)
+                phases[f"get-{c_key}"] = run_phase("GET /v1/jobs/{id}", server, admin,
+                                                   get_request(args.jobs, args.seed), args.reads, conc, limit)
+                phases[f"list1-{c_key}"] = run_phase("GET /v1/jobs list p1", server, admin, first,
+                                                     args.reads, conc, limit)
+                phases[f"list2-{c_key}"] = run_phase("GET /v1/jobs list p2", server, admin, second,
+                                                     args.reads, conc, limit)
+        raw = raw_sql(url, args.jobs, args.reads, args.seed)
+        print_report(seeded, phases, raw, args.server_workers)
+    print(f"\ntotal {time.perf_counter() - started:.0f} s; database dropped")
+
+
+if __name__ == "__main__":
+    main()

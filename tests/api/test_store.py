@@ -1,0 +1,85 @@
+"""The store on both databases: migrations, the state machine, events in the same transaction."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import func, select
+
+from service.store import migrate
+from service.store.db import make_engine, make_sessionmaker
+from service.store.jobs import NewJob, create_job
+from service.store.models import Event, Job
+from service.store.states import ALLOWED, TERMINAL, IllegalTransition, JobStatus, transition
+from service.store.tokens import ensure_team
+
+
+def test_migrations_go_up_down_up_without_drift(db_url: str) -> None:
+    assert migrate.current_revision(db_url) is not None
+    assert migrate.drift(db_url) == []
+    migrate.downgrade(db_url, "base")
+    assert migrate.current_revision(db_url) is None
+    migrate.upgrade(db_url)
+    assert migrate.drift(db_url) == []
+
+
+@pytest.fixture
+def sessions(db_url: str):
+    engine = make_engine(db_url)
+    yield make_sessionmaker(engine)
+    engine.dispose()
+
+
+def _job(sessions) -> int:
+    with sessions.begin() as session:
+        team = ensure_team(session, "alpha")
+        job = create_job(session, NewJob(name="j", team=team, backend="local", priority=0, spec={}, plan={}),
+                         actor="test", idempotency=None)
+        return job.id
+
+
+def test_every_transition_the_machine_allows_and_refuses(sessions) -> None:
+    for current, allowed in ALLOWED.items():
+        for wanted in JobStatus:
+            job_id = _job(sessions)
+            with sessions.begin() as session:
+                job = session.get(Job, job_id)
+                job.status = current.value
+            with sessions.begin() as session:
+                job = session.get(Job, job_id)
+                if wanted in allowed:
+                    event = transition(session, job, wanted, actor="test")
+                    assert event.kind == f"job.{wanted.lower()}"
+                else:
+                    with pytest.raises(IllegalTransition):
+                        transition(session, job, wanted, actor="test")
+
+
+def test_terminal_states_are_final(sessions) -> None:
+    for status in TERMINAL:
+        assert ALLOWED[status] == frozenset()
+    job_id = _job(sessions)
+    with sessions.begin() as session:
+        job = session.get(Job, job_id)
+        transition(session, job, JobStatus.CANCELLED, actor="test")
+        assert job.finished_at is not None
+    with sessions.begin() as session, pytest.raises(IllegalTransition, match="terminal states are final"):
+        transition(session, session.get(Job, job_id), JobStatus.QUEUED, actor="test")
+
+
+def test_a_transition_and_its_event_commit_or_roll_back_together(sessions) -> None:
+    job_id = _job(sessions)
+
+    def count() -> int:
+        with sessions.begin() as session:
+            return session.scalar(select(func.count()).select_from(Event).where(Event.job_id == job_id))
+
+    before = count()
+    with pytest.raises(RuntimeError), sessions.begin() as session:
+        transition(session, session.get(Job, job_id), JobStatus.SUBMITTING, actor="dispatcher")
+        raise RuntimeError("crash before commit")
+    with sessions.begin() as session:
+        assert session.get(Job, job_id).status == "QUEUED"
+    assert count() == before
+    with sessions.begin() as session:
+        transition(session, session.get(Job, job_id), JobStatus.SUBMITTING, actor="dispatcher")
+    assert count() == before + 1
