@@ -157,6 +157,33 @@ def seed(url: str, n_jobs: int, rng: random.Random) -> Seeded:
 # ---------------------------------------------------------------- server
 
 
+class SessionCounter:
+    """Connections ever opened to the bench database (`pg_stat_database.sessions`, PostgreSQL 14+), read
+    over one connection of its own: a figure above the pool's size means the server opens and closes
+    connections under load."""
+
+    def __init__(self, url: str) -> None:
+        dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        self.conn = psycopg.connect(dsn, autocommit=True)
+
+    def read(self) -> int:
+        time.sleep(1.1)  # backends report their statistics at most once a second
+        self.conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = self.conn.execute("SELECT sessions FROM pg_stat_database WHERE datname = current_database()"
+                                ).fetchone()
+        return int(row[0]) if row and row[0] is not None else 0
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def background_load(seconds: float = 1.0) -> float:
+    """How many of the machine's CPUs something else keeps busy, over `seconds` of idling here."""
+    before = machine_cpu_seconds()
+    time.sleep(seconds)
+    return (machine_cpu_seconds() - before) / seconds
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -266,6 +293,7 @@ class Phase:
     client_cpu_s: float = 0.0
     server_cpu_s: float = 0.0
     machine_cpu_s: float = 0.0
+    new_connections: int | None = None
 
     @property
     def ok(self) -> int:
@@ -301,7 +329,7 @@ async def timed(client: httpx.AsyncClient, method: str, path: str,
 
 
 def run_phase(label: str, server: Server, token: str, request: Request, count: int, concurrency: int,
-              max_seconds: float, ok_status: int = 200) -> Phase:
+              max_seconds: float, ok_status: int = 200, sessions: SessionCounter | None = None) -> Phase:
     """`count` requests from `concurrency` asyncio tasks sharing one keep-alive client (a closed loop:
     each task sends its next request when the previous one is answered), for at most `max_seconds`.
     Records the latencies of the requests answered with `ok_status` and counts the others."""
@@ -329,6 +357,7 @@ def run_phase(label: str, server: Server, token: str, request: Request, count: i
                                      timeout=30, limits=limits) as client:
             await asyncio.gather(*(worker(client) for _ in range(concurrency)))
 
+    sessions0 = sessions.read() if sessions else 0
     cpu0, server0, machine0 = time.process_time(), server.cpu_seconds(), machine_cpu_seconds()
     start = time.perf_counter()
     asyncio.run(drive())
@@ -336,6 +365,8 @@ def run_phase(label: str, server: Server, token: str, request: Request, count: i
     phase.client_cpu_s = time.process_time() - cpu0
     phase.server_cpu_s = server.cpu_seconds() - server0
     phase.machine_cpu_s = machine_cpu_seconds() - machine0
+    if sessions:
+        phase.new_connections = sessions.read() - sessions0 - 1  # less the counter's own snapshot
     return phase
 
 
@@ -421,11 +452,14 @@ def raw_sql(url: str, n_jobs: int, reads: int, seed_: int) -> tuple[Phase, Phase
 # ---------------------------------------------------------------- report
 
 
-def print_report(seeded: Seeded, phases: dict[str, Phase], raw: tuple[Phase, Phase], workers: int) -> None:
+def print_report(seeded: Seeded, phases: dict[str, Phase], raw: tuple[Phase, Phase], workers: int,
+                 busy: tuple[float, float]) -> None:
     sub = phases["submit"]
     print(f"\nshardctl API load — {seeded.jobs} jobs seeded in {seeded.seconds:.1f} s "
           f"(database {seeded.db_bytes / 2**20:.0f} MiB), API server: uvicorn, {workers} worker(s), "
-          f"{os.cpu_count()} CPU(s), load generator: this process (httpx, asyncio)\n")
+          f"{os.cpu_count()} CPU(s), load generator: this process (httpx, asyncio)")
+    print(f"background load (CPUs busy with other work, 1 s idle sample): {busy[0]:.2f} before, "
+          f"{busy[1]:.2f} after" + ("  <- the figures are pessimistic" if max(busy) > 0.25 else "") + "\n")
     rows: list[tuple[str, float, float | None, bool]] = []  # label, figure, goal, higher is better
     rows.append((f"POST /v1/jobs submissions/s (c={sub.concurrency})", sub.rate, GOAL_SUBMISSIONS_PER_S, True))
     rows.append((f"POST /v1/jobs p50 ms (c={sub.concurrency})", sub.pct_ms(50), None, False))
@@ -452,13 +486,14 @@ def print_report(seeded: Seeded, phases: dict[str, Phase], raw: tuple[Phase, Pha
         meets = figure >= goal if higher else figure <= goal
         print(f"{label:52} {figure:9.2f} {goal:7.0f} {figure / goal:11.2f}  {'yes' if meets else 'NO'}")
 
-    print(f"\n{'phase':34} {'ok':>6} {'errors':>12} {'wall s':>7} {'req/s':>7}   CPU ms per request:"
-          f" {'server':>7} {'other':>8} {'client':>7}")
+    print(f"\n{'phase':34} {'ok':>6} {'errors':>12} {'wall s':>7} {'req/s':>7} {'new conns':>9}"
+          f"   CPU ms per request: {'server':>7} {'other':>8} {'client':>7}")
     for phase in (*phases.values(), raw_get, raw_list):
         errors = ",".join(f"{k}:{v}" for k, v in sorted(phase.errors.items())) or "-"
         n = max(phase.ok, 1)
+        conns = "-" if phase.new_connections is None else str(phase.new_connections)
         print(f"{phase.label + f' c={phase.concurrency}':34} {phase.ok:6d} {errors:>12} {phase.wall_s:7.2f}"
-              f" {phase.rate:7.1f} {'':>22}{phase.server_cpu_s * 1000 / n:7.2f}"
+              f" {phase.rate:7.1f} {conns:>9} {'':>22}{phase.server_cpu_s * 1000 / n:7.2f}"
               f" {phase.other_cpu_s * 1000 / n:8.2f} {phase.client_cpu_s * 1000 / n:7.2f}")
     get1 = phases["get-1"]
     list1 = phases["list1-1"]
@@ -487,33 +522,38 @@ def main() -> None:
     run_id = secrets.token_hex(3)
     started = time.perf_counter()
 
+    busy_before = background_load()
     with tempfile.TemporaryDirectory(prefix="shardctl-bench-") as tmp, bench_database(args.postgres_url) as url:
         print(f"seeding {args.jobs} jobs into {make_url(url).database} ...", flush=True)
         seeded = seed(url, args.jobs, rng)
         print(f"seeded in {seeded.seconds:.1f} s; starting the API server ...", flush=True)
-        with api_server(url, args.server_workers, Path(tmp)) as server:
-            c, limit = args.concurrency, args.max_seconds
-            admin, member = seeded.admin_token, seeded.member_token
-            first, second = list_requests(args.seed)
-            # Warm-up: connection pools, imports, PostgreSQL caches.
-            run_phase("warm-up", server, admin, get_request(args.jobs, args.seed + 7), 200, c, limit)
-            run_phase("warm-up", server, admin, first, 100, c, limit)
-            phases: dict[str, Phase] = {}
-            print("submitting ...", flush=True)
-            phases["submit"] = run_phase("POST /v1/jobs", server, member, submit_request(run_id),
-                                         args.submissions, c, limit, ok_status=201)
-            print("reading ...", flush=True)
-            for c_key, conc in (("1", 1), ("n", c)):
-                phases[f"healthz-{c_key}"] = run_phase("GET /healthz (floor)", server, admin, healthz_request,
-                                                       args.reads, conc, limit)
-                phases[f"get-{c_key}"] = run_phase("GET /v1/jobs/{id}", server, admin,
-                                                   get_request(args.jobs, args.seed), args.reads, conc, limit)
-                phases[f"list1-{c_key}"] = run_phase("GET /v1/jobs list p1", server, admin, first,
-                                                     args.reads, conc, limit)
-                phases[f"list2-{c_key}"] = run_phase("GET /v1/jobs list p2", server, admin, second,
-                                                     args.reads, conc, limit)
+        sessions = SessionCounter(url)
+        try:
+            with api_server(url, args.server_workers, Path(tmp)) as server:
+                c, limit = args.concurrency, args.max_seconds
+                admin, member = seeded.admin_token, seeded.member_token
+                first, second = list_requests(args.seed)
+                # Warm-up: connection pools, imports, PostgreSQL caches.
+                run_phase("warm-up", server, admin, get_request(args.jobs, args.seed + 7), 200, c, limit)
+                run_phase("warm-up", server, admin, first, 100, c, limit)
+                phases: dict[str, Phase] = {}
+                print("submitting ...", flush=True)
+                phases["submit"] = run_phase("POST /v1/jobs", server, member, submit_request(run_id),
+                                             args.submissions, c, limit, ok_status=201, sessions=sessions)
+                print("reading ...", flush=True)
+                for c_key, conc in (("1", 1), ("n", c)):
+                    for key, label, request in (
+                            ("healthz", "GET /healthz (floor)", healthz_request),
+                            ("get", "GET /v1/jobs/{id}", get_request(args.jobs, args.seed)),
+                            ("list1", "GET /v1/jobs list p1", first),
+                            ("list2", "GET /v1/jobs list p2", second)):
+                        phases[f"{key}-{c_key}"] = run_phase(label, server, admin, request, args.reads, conc,
+                                                             limit, sessions=sessions)
+        finally:
+            sessions.close()
         raw = raw_sql(url, args.jobs, args.reads, args.seed)
-        print_report(seeded, phases, raw, args.server_workers)
+        busy_after = background_load()
+        print_report(seeded, phases, raw, args.server_workers, (busy_before, busy_after))
     print(f"\ntotal {time.perf_counter() - started:.0f} s; database dropped")
 
 

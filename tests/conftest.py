@@ -10,6 +10,8 @@ import pytest
 
 from service.spec import TrainingSpec
 
+pytest_plugins = ["tests.db_fixtures"]
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 

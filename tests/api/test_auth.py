@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 
 from service.store.models import utcnow
-from tests.api.conftest import Env
+from tests.db_fixtures import Env
 from tests.specs import tiny
 
 ENDPOINTS = [

@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from tests.api.conftest import Env
+from tests.db_fixtures import Env
 from tests.specs import tiny
 
 

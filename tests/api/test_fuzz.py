@@ -10,7 +10,7 @@ from __future__ import annotations
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
-from tests.api.conftest import Env
+from tests.db_fixtures import Env
 from tests.specs import tiny
 
 EXAMPLES_PER_OPERATION = 15

@@ -6,7 +6,7 @@ import json
 
 from service.store.models import Job
 from service.store.states import JobStatus, transition
-from tests.api.conftest import Env
+from tests.db_fixtures import Env
 from tests.specs import tiny
 
 

@@ -6,7 +6,7 @@ from sqlalchemy import create_engine
 
 from service.api.app import create_app
 from service.settings import Settings
-from tests.api.conftest import Env
+from tests.db_fixtures import Env
 from tests.specs import tiny
 
 
