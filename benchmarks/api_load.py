@@ -366,7 +366,7 @@ def run_phase(label: str, server: Server, token: str, request: Request, count: i
     phase.server_cpu_s = server.cpu_seconds() - server0
     phase.machine_cpu_s = machine_cpu_seconds() - machine0
     if sessions:
-        phase.new_connections = sessions.read() - sessions0 - 1  # less the counter's own snapshot
+        phase.new_connections = sessions.read() - sessions0
     return phase
 
 
@@ -499,9 +499,10 @@ def print_report(seeded: Seeded, phases: dict[str, Phase], raw: tuple[Phase, Pha
     list1 = phases["list1-1"]
     print(f"\nAPI overhead over raw SQL (p50, c=1): GET by id x{get1.pct_ms(50) / raw_get.pct_ms(50):.1f}, "
           f"filtered list x{list1.pct_ms(50) / raw_list.pct_ms(50):.1f}")
-    print("Errors: HTTP status:count (-1 = transport error; 204 on page 2 = page 1 had no cursor). "
-          "CPU: server = the uvicorn process\n"
-          "tree, client = this process, other = the rest of the machine (PostgreSQL, mostly); they share the CPUs.")
+    print("errors: HTTP status:count (-1 = transport error; 204 on page 2 = page 1 had no cursor).\n"
+          "new conns: PostgreSQL connections opened during the phase (0 when the server's pool is enough).\n"
+          "CPU: server = the uvicorn process tree; client = this process; other = the rest of the machine\n"
+          "(PostgreSQL, and anything else running); all share the machine's CPUs.")
 
 
 def main() -> None:

@@ -49,7 +49,8 @@ def submit(db: sessionmaker[Session], principal: Principal, spec: TrainingSpec,
     stored_spec = spec.model_copy(update={"team": team_name}).model_dump(mode="json")
     try:
         with db.begin() as session:
-            team = ensure_team(session, team_name) if principal.role == "admin" else team_by_name(session, team_name)
+            # Only the default team appears by itself; other teams are created on purpose (POST /v1/teams).
+            team = ensure_team(session, team_name) if team_name == DEFAULT_TEAM else team_by_name(session, team_name)
             job = create_job(session, NewJob(
                 name=spec.name, team=team, backend=spec.backend.kind, priority=spec.priority, spec=stored_spec,
                 plan=result.model_dump(mode="json")), actor=principal.actor, idempotency=idem)

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.store.models import Event, IdempotencyKey, Job, Measurement, Team
@@ -167,5 +166,3 @@ def count_by_status_and_team(session: Session) -> list[tuple[str, str, int]]:
             .group_by(Job.status, Team.name))
     return [(s, t, int(n)) for s, t, n in session.execute(stmt)]
 
-
-__all__ = ["Conflict", "IntegrityError", "NotFound"]

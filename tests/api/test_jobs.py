@@ -16,6 +16,7 @@ def submit(env: Env, headers: dict[str, str], spec: dict, key: str | None = None
 
 
 def test_submit_plans_and_queues(env: Env, admin: dict[str, str]) -> None:
+    env.client.post("/v1/teams", json={"name": "alpha"}, headers=admin)
     r = submit(env, admin, tiny(team="alpha"))
     assert r.status_code == 201, r.text
     job = r.json()
@@ -73,6 +74,8 @@ def test_dry_run_plan_creates_no_job(env: Env, admin: dict[str, str]) -> None:
 
 
 def test_list_is_newest_first_with_filters_and_cursor(env: Env, admin: dict[str, str]) -> None:
+    for team in ("alpha", "beta"):
+        env.client.post("/v1/teams", json={"name": team}, headers=admin)
     ids = [submit(env, admin, tiny(name=f"job-{i}", team="alpha" if i % 2 else "beta")).json()["id"]
            for i in range(7)]
     page = env.client.get("/v1/jobs", params={"limit": 3}, headers=admin).json()
@@ -165,3 +168,9 @@ def test_events_after_and_sse_stream_until_terminal(env: Env, admin: dict[str, s
 def test_unknown_job_is_404(env: Env, admin: dict[str, str]) -> None:
     r = env.client.get("/v1/jobs/999", headers=admin)
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+
+def test_an_unknown_team_is_not_created_by_a_submission(env: Env, admin: dict[str, str]) -> None:
+    r = submit(env, admin, tiny(team="typo"))
+    assert r.status_code == 404 and "POST /v1/teams" in r.json()["error"]["message"]
+    assert submit(env, admin, tiny()).json()["team"] == "default"

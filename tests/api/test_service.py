@@ -26,6 +26,7 @@ def test_readiness_fails_when_the_database_is_unreachable(tmp_path) -> None:
 
 
 def test_metrics_count_jobs_submissions_and_latency(env: Env, admin: dict[str, str]) -> None:
+    env.client.post("/v1/teams", json={"name": "alpha"}, headers=admin)
     env.client.post("/v1/jobs", json=tiny(team="alpha"), headers=admin)
     env.client.post("/v1/jobs", json=tiny(team="alpha"), headers=admin)
     text = env.client.get("/metrics").text

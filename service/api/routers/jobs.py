@@ -28,7 +28,6 @@ from service.store.states import JobStatus
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 ERRORS: dict[int | str, dict[str, object]] = {
     404: {"model": ErrorResponse}, 409: {"model": ErrorResponse}, 422: {"model": ErrorResponse}}
-StatusName = JobStatus
 JobId = Annotated[int, Path(ge=1, le=2**63 - 1, description="The job's id.")]
 
 
@@ -50,7 +49,7 @@ def create_job(spec: TrainingSpec, principal: Person, db: Db, request: Request, 
 
 @router.get("", response_model=JobPage, summary="List jobs, newest first")
 def get_jobs(principal: Caller, db: Db,
-             status: Annotated[list[StatusName] | None, Query(description="Repeat to match several.")] = None,
+             status: Annotated[list[JobStatus] | None, Query(description="Repeat to match several.")] = None,
              team: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
              backend: Annotated[Literal["local", "slurm", "kubernetes"] | None, Query()] = None,
              name: Annotated[str | None, Query(max_length=200)] = None,
