@@ -4,7 +4,7 @@
 # elsewhere its tests skip and say why.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh dev
+bash scripts/setup.sh dev,runtime
 
 component() {  # component NAME VAR SCRIPT: export VAR from SCRIPT's stdout
   local name=$1 var=$2 script=$3 value

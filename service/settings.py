@@ -19,6 +19,14 @@ class Settings(BaseSettings):
     database_url: str | None = Field(None, description="e.g. postgresql+psycopg://user@host/db")
     max_body_bytes: int = 1 << 20
     events_poll_s: float = 0.5
+    public_url: str = Field("http://127.0.0.1:8686", description="Where jobs reach the API for callbacks.")
+    dispatcher_interval_s: float = 1.0
+    dispatcher_lease_s: float = 60.0
+    dispatcher_batch: int = 16
+    max_attempts: int = 3
+    retry_backoff_s: float = 5.0
+    kubeconfig: Path | None = None
+    kubernetes_namespace: str = "default"
 
     @cached_property
     def resolved_database_url(self) -> str:

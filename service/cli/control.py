@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import threading
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -49,7 +51,10 @@ def _bootstrap_admin(settings: Settings, name: str) -> str:
 
 
 def serve(host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
-          port: Annotated[int, typer.Option(help="TCP port.")] = 8686) -> None:
+          port: Annotated[int, typer.Option(help="TCP port.")] = 8686,
+          with_dispatcher: Annotated[bool, typer.Option(
+              "--with-dispatcher", help="Also run the dispatcher in this process (the embedded default).")] = False,
+          ) -> None:
     """Migrate the database and run the API. On an empty database, print a first admin token once."""
     import uvicorn
 
@@ -69,7 +74,53 @@ def serve(host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0
         path = write_config(url=url, token=secret)
         err.print(f"[bold]First start: admin token (shown once, saved to {path}):[/]\n{secret}")
     err.print(f"shardctl API on {url} (database: {settings.resolved_database_url.split('@')[-1]})")
-    uvicorn.run(create_app(settings, engine=engine), host=host, port=port, log_level="warning")
+    stop = threading.Event()
+    if with_dispatcher:
+        thread = threading.Thread(target=_dispatcher(settings, public_url=url).run_forever,
+                                  args=(stop, settings.dispatcher_interval_s), daemon=True, name="dispatcher")
+        thread.start()
+        err.print("dispatcher running in this process")
+    try:
+        uvicorn.run(create_app(settings, engine=engine), host=host, port=port, log_level="warning")
+    finally:
+        stop.set()
+
+
+def _dispatcher(settings: Settings, public_url: str | None = None) -> Any:
+    from service.store.db import make_engine, make_sessionmaker
+    from workers.backends.registry import make_backends
+    from workers.dispatcher import Dispatcher, DispatcherConfig
+
+    sessions = make_sessionmaker(make_engine(settings.resolved_database_url))
+    config = DispatcherConfig(lease_s=settings.dispatcher_lease_s, batch=settings.dispatcher_batch,
+                              max_attempts=settings.max_attempts, retry_backoff_s=settings.retry_backoff_s,
+                              api_url=public_url or settings.public_url)
+    return Dispatcher(sessions, make_backends(settings), config)
+
+
+def worker(once: Annotated[bool, typer.Option("--once", help="Run one cycle and exit.")] = False) -> None:
+    """Run the dispatcher: lease queued jobs, submit them, keep their status true. Run any number of
+    replicas against PostgreSQL."""
+    import signal as signals
+
+    from service.store import migrate
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    settings = Settings()
+    migrate.upgrade(settings.resolved_database_url)
+    dispatcher = _dispatcher(settings)
+    if once:
+        report = dispatcher.run_once()
+        console.out(json.dumps({"submitted": report.submitted, "adopted": report.adopted,
+                                "transitions": report.transitions, "unreachable": report.unreachable}))
+        return
+    stop = threading.Event()
+    signals.signal(signals.SIGTERM, lambda *_: stop.set())
+    err.print(f"dispatcher {dispatcher.config.owner} on {settings.resolved_database_url.split('@')[-1]}")
+    try:
+        dispatcher.run_forever(stop, settings.dispatcher_interval_s)
+    except KeyboardInterrupt:
+        stop.set()
 
 
 @token_app.command("create")

@@ -27,7 +27,8 @@ app.add_typer(profile_app, name="profile", help="Analyse PyTorch profiler traces
 app.add_typer(control.token_app, name="token")
 app.add_typer(control.team_app, name="team")
 app.add_typer(control.db_app, name="db")
-for command in (control.serve, control.submit, control.jobs, control.show, control.events, control.cancel):
+for command in (control.serve, control.worker, control.submit, control.jobs, control.show, control.events,
+                control.cancel):
     app.command()(command)
 console = Console()
 err = Console(stderr=True)

@@ -41,6 +41,11 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def as_utc(at: datetime) -> datetime:
+    """SQLite returns naive datetimes for timezone-aware columns; they were stored in UTC."""
+    return at if at.tzinfo else at.replace(tzinfo=UTC)
+
+
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
 

@@ -6,13 +6,13 @@ import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Literal
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.store.models import ApiToken, Team, utcnow
+from service.store.models import ApiToken, Team, as_utc, utcnow
 
 Role = Literal["admin", "member", "job"]
 TOKEN_PREFIX = "shc"
@@ -97,15 +97,10 @@ def authenticate(session: Session, bearer: str) -> Principal | None:
     now = utcnow()
     if row.revoked_at is not None:
         return None
-    if row.expires_at is not None and _aware(row.expires_at) <= now:
+    if row.expires_at is not None and as_utc(row.expires_at) <= now:
         return None
     return Principal(token_id=row.id, role=row.role,  # type: ignore[arg-type]
                      team_id=row.team_id, team_name=row.team.name if row.team else None, job_id=row.job_id)
-
-
-def _aware(at: datetime) -> datetime:
-    """SQLite returns naive datetimes for timezone-aware columns: they were stored in UTC."""
-    return at if at.tzinfo else at.replace(tzinfo=UTC)
 
 
 def revoke_token(session: Session, token_id: str) -> ApiToken:

@@ -1,0 +1,1 @@
+"""Backends: where jobs run. One module per backend behind the protocol in `base.py`."""

@@ -1,0 +1,170 @@
+"""The embedded default backend: `torchrun` process groups on this machine.
+
+Each attempt lives in `<folder>/<name>/`: `request.json`, `state.json` (supervisor pid), one log per
+simulated node, the job's `out/` directory and, at the end, `exit.json`. A detached supervisor
+(`local_supervisor`) owns the processes, so the service may restart without killing them, and the
+folder's atomic rename is the one claim on the name: the same name is never run twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from workers.backends.base import (
+    Capabilities,
+    Handle,
+    LaunchRequest,
+    Observation,
+    Rendered,
+    RunState,
+)
+from workers.backends.local_supervisor import node_commands
+
+LOG_TAIL_LINES = 30
+START_GRACE_S = 30.0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (exited, not yet reaped by its parent) still answers kill(0); /proc tells.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] != "Z"
+    except OSError:
+        return True
+
+
+def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 64 * 1024))
+            data = fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])
+
+
+class LocalBackend:
+    """Processes on this host; `nodes` > 1 runs one torchrun agent per simulated node."""
+
+    name = "local"
+    capabilities = Capabilities(multi_node=True, gpus=True, logs=True, preemption_requeue=False)
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def _dir(self, name: str) -> Path:
+        return self.folder / name
+
+    def render(self, req: LaunchRequest) -> Rendered:
+        per_node = node_commands(req, "127.0.0.1:<free port>")
+        env = {k: ("<secret>" if "TOKEN" in k else v) for k, v in req.env.items() if k != "SHARDCTL_PLAN_JSON"}
+        return Rendered(backend=self.name, name=req.name, content={
+            "folder": str(self._dir(req.name)), "nodes": req.nodes, "commands": per_node, "env": env})
+
+    def submit(self, req: LaunchRequest) -> Handle:
+        """Start the attempt unless its folder already exists (then adopt it). Returns once the
+        supervisor has claimed the name, or raises if it could not start."""
+        final = self._dir(req.name)
+        if final.exists():
+            return Handle(name=req.name, backend_id=req.name)
+        tmp = self.folder / f".{req.name}.{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        (tmp / "request.json").write_text(req.model_dump_json())
+        (tmp / "plan.json").write_text(json.dumps(req.plan))
+        subprocess.Popen([sys.executable, "-m", "workers.backends.local_supervisor", str(tmp), str(final)],
+                         start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=open(self.folder / f".{req.name}.supervisor.log", "ab"))  # noqa: SIM115
+        deadline = time.monotonic() + START_GRACE_S
+        while time.monotonic() < deadline:
+            if final.exists():
+                return Handle(name=req.name, backend_id=req.name)
+            time.sleep(0.02)
+        raise RuntimeError(f"local supervisor for {req.name} did not start; see {self.folder}")
+
+    def find(self, name: str) -> Handle | None:
+        return Handle(name=name, backend_id=name) if self._dir(name).exists() else None
+
+    def poll(self, handles: Sequence[Handle]) -> dict[str, Observation]:
+        return {h.name: self._observe(h.name) for h in handles}
+
+    def _observe(self, name: str) -> Observation:
+        folder = self._dir(name)
+        if not folder.exists():
+            return Observation(state=RunState.MISSING)
+        try:
+            req = LaunchRequest.model_validate_json((folder / "request.json").read_text())
+            nodes = [f"{socket.gethostname()}/node{rank}" for rank in range(req.nodes)]
+        except (OSError, ValueError):
+            nodes = []
+        exit_file, state_file = folder / "exit.json", folder / "state.json"
+        if exit_file.exists():
+            result = json.loads(exit_file.read_text())
+            if result.get("cancelled"):
+                return Observation(state=RunState.CANCELLED, nodes=nodes, failure="cancelled",
+                                   exit_code=result["exit_code"], reason="cancelled")
+            if result["exit_code"] == 0:
+                return Observation(state=RunState.SUCCEEDED, nodes=nodes, exit_code=0)
+            return Observation(state=RunState.FAILED, nodes=nodes, exit_code=result["exit_code"], failure="program",
+                               reason=f"exit code {result['exit_code']}", log_tail=self._tail(folder, len(nodes)))
+        if not state_file.exists():
+            return Observation(state=RunState.PENDING)
+        state = json.loads(state_file.read_text())
+        if _alive(int(state["pid"])):
+            return Observation(state=RunState.RUNNING, nodes=nodes)
+        if (folder / "cancel.flag").exists():
+            return Observation(state=RunState.CANCELLED, nodes=nodes, failure="cancelled", reason="cancelled")
+        return Observation(state=RunState.FAILED, nodes=nodes, failure="lost",
+                           reason="the local supervisor died without recording an exit code",
+                           log_tail=self._tail(folder, len(nodes)))
+
+    def _tail(self, folder: Path, node_count: int) -> str:
+        parts = []
+        for rank in range(max(1, node_count)):
+            text = tail(folder / f"node{rank}.log")
+            if text:
+                parts.append(f"[node{rank}]\n{text}")
+        return "\n".join(parts)[-8000:]
+
+    def cancel(self, handle: Handle) -> None:
+        folder = self._dir(handle.name)
+        if not folder.exists() or (folder / "exit.json").exists():
+            return
+        (folder / "cancel.flag").touch()
+        state_file = folder / "state.json"
+        if state_file.exists():
+            pgid = int(json.loads(state_file.read_text())["pgid"])
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGTERM)
+
+    def logs(self, handle: Handle, rank: int = 0, follow: bool = False) -> Iterator[str]:
+        """Lines of the simulated node `rank`'s log (torchrun prefixes each line with its local rank)."""
+        path = self._dir(handle.name) / f"node{rank}.log"
+        if not path.exists():
+            return
+        with path.open(errors="replace") as fh:
+            while True:
+                line = fh.readline()
+                if line:
+                    yield line.rstrip("\n")
+                    continue
+                if not follow or (self._dir(handle.name) / "exit.json").exists():
+                    return
+                time.sleep(0.2)

@@ -1,0 +1,85 @@
+"""Runs one local attempt, detached from the service: `python -m workers.backends.local_supervisor TMP FINAL`.
+
+It first claims the attempt by renaming TMP to FINAL (atomic; if FINAL exists another submission
+already owns the name and this process exits without running anything). It then starts one
+`torchrun` agent per simulated node, forwards SIGTERM to them, and writes `exit.json` when all
+have finished. The service can restart at any time: the state is in the folder, not in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+from workers.backends.base import OUT_ENV, LaunchRequest, local_path_env, torchrun_command
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _write(path: Path, data: dict[str, object]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
+
+
+def node_commands(req: LaunchRequest, endpoint: str) -> list[list[str]]:
+    """One torchrun agent per simulated node; a single process runs its command directly (torchrun
+    would only add seconds of start-up), with the environment torchrun would have given it."""
+    if req.world_size == 1:
+        return [list(req.command)]
+    return [torchrun_command(req, rdzv_endpoint=endpoint, node_rank=str(rank)) for rank in range(req.nodes)]
+
+
+def single_process_env(endpoint: str) -> dict[str, str]:
+    host, port = endpoint.rsplit(":", 1)
+    return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
+            "ROLE_RANK": "0", "MASTER_ADDR": host, "MASTER_PORT": port}
+
+
+def main(tmp: Path, final: Path) -> int:
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        return 3
+    _write(final / "state.json", {"pid": os.getpid(), "pgid": os.getpgid(0), "started_at": time.time()})
+    req = LaunchRequest.model_validate_json((final / "request.json").read_text())
+    endpoint = f"127.0.0.1:{_free_port()}"
+    env = local_path_env({**os.environ, **req.env, OUT_ENV: str(final / "out")})
+    (final / "out").mkdir(exist_ok=True)
+    children: list[subprocess.Popen[bytes]] = []
+    cancelled = False
+
+    def on_term(_signum: int, _frame: FrameType | None) -> None:
+        nonlocal cancelled
+        cancelled = True
+        for child in children:
+            if child.poll() is None:
+                child.terminate()
+
+    signal.signal(signal.SIGTERM, on_term)
+    for rank, command in enumerate(node_commands(req, endpoint)):
+        log = open(final / f"node{rank}.log", "ab")  # noqa: SIM115 - closed when the child exits
+        node_env = env if req.world_size > 1 else {**env, **single_process_env(endpoint)}
+        children.append(subprocess.Popen(command, cwd=final / "out", env=node_env, stdout=log,
+                                         stderr=subprocess.STDOUT))
+    codes = [child.wait() for child in children]
+    exit_code = next((c for c in codes if c != 0), 0)
+    cancelled = cancelled or (final / "cancel.flag").exists()
+    _write(final / "exit.json", {"exit_code": exit_code, "codes": codes, "cancelled": cancelled,
+                                 "finished_at": time.time()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1]), Path(sys.argv[2])))

@@ -1,0 +1,324 @@
+"""The dispatcher: turns queued jobs into backend submissions, exactly once, and keeps their status true.
+
+One cycle (`run_once`):
+
+1. **Lease** up to `batch` jobs that are QUEUED (or SUBMITTING with an expired lease: a dispatcher
+   died mid-submission) by writing this dispatcher's name and a lease expiry. PostgreSQL takes the
+   rows with `FOR UPDATE SKIP LOCKED`, so replicas never wait on each other; SQLite serialises
+   writers (`BEGIN IMMEDIATE`), and the lease expiry works on both.
+2. **Submit** each leased job: in one transaction write SUBMITTING and the attempt row (its name
+   `shardctl-<job id>-<n>` is deterministic) and commit; then, outside any transaction, ask the
+   backend for that name (`find`) and adopt it if it exists, else `submit`; then commit PENDING
+   with the backend's id. A crash between any two steps leaves a SUBMITTING job whose lease
+   expires; the next dispatcher finds the name and adopts it, so nothing is submitted twice.
+3. **Reconcile** every tracked job with one `poll` per backend, and apply what changed as state
+   transitions (each one an event). A backend that cannot be reached is "unknown for now".
+   Failures a retry can fix (no capacity, node failure, preemption, lost) go back to QUEUED with
+   backoff, up to `max_attempts`; the program's own error fails the job with its exit code and log
+   tail. CANCELLING jobs are cancelled on the backend until it confirms.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from sqlalchemy import func, or_, select, update
+from sqlalchemy.orm import Session, aliased, sessionmaker
+
+from service.store.models import Attempt, Job, as_utc, utcnow
+from service.store.states import JobStatus, add_event, transition
+from service.store.tokens import create_token
+from workers.backends.base import (
+    PLAN_ENV,
+    RETRYABLE,
+    Backend,
+    BackendUnavailable,
+    Handle,
+    LaunchRequest,
+    Observation,
+    RunState,
+    attempt_name,
+    runtime_command,
+)
+
+log = logging.getLogger("shardctl.dispatcher")
+FAILPOINT_ENV = "SHARDCTL_FAILPOINT"
+
+
+def failpoint(name: str) -> None:
+    """Crash-test hook: when $SHARDCTL_FAILPOINT names this point, die here by SIGKILL (no cleanup),
+    as a machine failure would. Points: after-submitting-commit, after-backend-answer."""
+    if os.environ.get(FAILPOINT_ENV) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+S = JobStatus
+TRACKED = (S.PENDING.value, S.RUNNING.value, S.CANCELLING.value)
+MISSING_GRACE = timedelta(seconds=60)
+
+
+@dataclass
+class DispatcherConfig:
+    owner: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    lease_s: float = 60.0
+    batch: int = 16
+    max_attempts: int = 3
+    retry_backoff_s: float = 5.0
+    api_url: str | None = None
+
+
+@dataclass
+class CycleReport:
+    submitted: int = 0
+    adopted: int = 0
+    transitions: int = 0
+    unreachable: list[str] = field(default_factory=list)
+
+
+def build_request(job: Job, number: int, token: str | None, api_url: str | None) -> LaunchRequest:
+    """The launch request for attempt `number` of `job`: the world from the plan, the entrypoint from
+    the spec (the built-in runtime when absent), and the environment every rank gets."""
+    layout, spec = job.plan["layout"], job.spec
+    nodes = int(job.plan.get("nodes", 1))
+    per_node = int(job.plan.get("gpus_per_node", 1))
+    world = int(layout["dp"]) * int(layout["tp"]) * int(layout["pp"]) * int(layout["cp"])
+    if nodes * per_node != world:
+        per_node = max(1, world // nodes)
+    entry = spec.get("entrypoint") or {}
+    command = list(entry.get("command") or runtime_command())
+    env = {PLAN_ENV: json.dumps(job.plan), "SHARDCTL_JOB_ID": str(job.id), "SHARDCTL_ATTEMPT": str(number),
+           **{str(k): str(v) for k, v in (entry.get("env") or {}).items()}}
+    if token is not None:
+        env["SHARDCTL_JOB_TOKEN"] = token
+    if api_url:
+        env["SHARDCTL_URL"] = api_url
+    gpu = job.plan.get("gpu", "cpu")
+    return LaunchRequest(job_id=job.id, attempt=number, name=attempt_name(job.id, number), nodes=nodes,
+                         procs_per_node=per_node, gpus_per_proc=0 if gpu == "cpu" else 1, command=command, env=env,
+                         image=entry.get("image"), plan=job.plan, spec=spec, team=job.team.name)
+
+
+class Dispatcher:
+    """Leases, submits and reconciles jobs against `backends` (keyed by `spec.backend.kind`)."""
+
+    def __init__(self, sessions: sessionmaker[Session], backends: Mapping[str, Backend],
+                 config: DispatcherConfig | None = None) -> None:
+        self.sessions = sessions
+        self.backends = dict(backends)
+        self.config = config or DispatcherConfig()
+        self._postgres = sessions.kw["bind"].dialect.name == "postgresql"
+
+    @property
+    def actor(self) -> str:
+        return f"dispatcher:{self.config.owner}"
+
+    # -- one cycle -------------------------------------------------------------------------------
+
+    def run_once(self) -> CycleReport:
+        report = CycleReport()
+        for job_id in self.lease():
+            self.submit_one(job_id, report)
+        self.reconcile(report)
+        return report
+
+    def run_forever(self, stop: threading.Event, interval_s: float = 1.0) -> None:
+        while not stop.is_set():
+            try:
+                self.run_once()
+            except Exception:
+                log.exception("dispatcher cycle failed; continuing")
+            stop.wait(interval_s)
+
+    # -- leasing and submission ----------------------------------------------------------------
+
+    def lease(self) -> list[int]:
+        """Take up to `batch` submittable jobs, highest priority first; return their ids."""
+        now = utcnow()
+        with self.sessions.begin() as session:
+            stmt = (select(Job.id)
+                    .where(Job.status.in_([S.QUEUED.value, S.SUBMITTING.value]),
+                           or_(Job.lease_expires_at.is_(None), Job.lease_expires_at < now))
+                    .order_by(Job.priority.desc(), Job.id).limit(self.config.batch))
+            if self._postgres:
+                stmt = stmt.with_for_update(skip_locked=True)
+            ids = list(session.scalars(stmt))
+            if ids:
+                session.execute(update(Job).where(Job.id.in_(ids)).values(
+                    lease_owner=self.config.owner,
+                    lease_expires_at=now + timedelta(seconds=self.config.lease_s)))
+        return ids
+
+    def _owned(self, session: Session, job_id: int) -> Job | None:
+        job = session.get(Job, job_id, with_for_update=self._postgres)
+        if job is None or job.lease_owner != self.config.owner:
+            return None
+        return job
+
+    def submit_one(self, job_id: int, report: CycleReport) -> None:
+        """SUBMITTING and the attempt row, committed; then find-or-submit outside any transaction;
+        then PENDING with the backend's id."""
+        with self.sessions.begin() as session:
+            job = self._owned(session, job_id)
+            if job is None or job.status not in (S.QUEUED.value, S.SUBMITTING.value):
+                return
+            backend = self.backends.get(job.backend)
+            if backend is None:
+                if job.status == S.QUEUED.value:
+                    transition(session, job, S.SUBMITTING, actor=self.actor)
+                transition(session, job, S.FAILED, actor=self.actor,
+                           message=f"backend {job.backend!r} is not configured on this dispatcher",
+                           data={"configured": sorted(self.backends)})
+                job.lease_owner = job.lease_expires_at = None
+                return
+            if job.status == S.QUEUED.value:
+                number = len(job.attempts) + 1
+                session.add(Attempt(job_id=job.id, number=number, backend_name=attempt_name(job.id, number),
+                                    status=S.SUBMITTING.value, nodes=[]))
+                transition(session, job, S.SUBMITTING, actor=self.actor,
+                           message=f"attempt {number} to {job.backend}", data={"attempt": number})
+            else:
+                number = len(job.attempts)
+                add_event(session, job, actor=self.actor, kind="job.resume_submit",
+                          message=f"resuming attempt {number} after an interrupted submission")
+            _, token = create_token(session, role="job", job_id=job.id, name=attempt_name(job.id, number))
+            req = build_request(job, number, token, self.config.api_url)
+        failpoint("after-submitting-commit")
+        try:
+            handle = backend.find(req.name)
+            adopted = handle is not None
+            if handle is None:
+                handle = backend.submit(req)
+        except BackendUnavailable as exc:
+            self._release(job_id, f"{job.backend} unreachable: {exc}", report)
+            report.unreachable.append(job.backend)
+            return
+        except Exception as exc:
+            log.exception("submission of %s failed", req.name)
+            with self.sessions.begin() as session:
+                job = self._owned(session, job_id)
+                if job is not None and job.status == S.SUBMITTING.value:
+                    transition(session, job, S.FAILED, actor=self.actor,
+                               message=f"{job.backend} refused the submission: {exc}")
+                    job.lease_owner = job.lease_expires_at = None
+            return
+        failpoint("after-backend-answer")
+        with self.sessions.begin() as session:
+            job = session.get(Job, job_id, with_for_update=self._postgres)
+            assert job is not None
+            attempt = job.attempts[-1]
+            attempt.backend_id = handle.backend_id
+            if job.status == S.SUBMITTING.value:
+                attempt.status = S.PENDING.value
+                transition(session, job, S.PENDING, actor=self.actor,
+                           message=("adopted" if adopted else "submitted") + f" {req.name}",
+                           data={"backend_id": handle.backend_id, "adopted": adopted})
+                report.transitions += 1
+            job.lease_owner = job.lease_expires_at = None
+        if adopted:
+            report.adopted += 1
+        else:
+            report.submitted += 1
+
+    def _release(self, job_id: int, why: str, report: CycleReport) -> None:
+        """Keep the job SUBMITTING, let the lease run out after a backoff, and say why."""
+        with self.sessions.begin() as session:
+            job = self._owned(session, job_id)
+            if job is None:
+                return
+            add_event(session, job, actor=self.actor, kind="backend.unreachable", message=why)
+            job.lease_owner = None
+            job.lease_expires_at = utcnow() + timedelta(seconds=self.config.retry_backoff_s)
+
+    # -- reconciliation ------------------------------------------------------------------------
+
+    def reconcile(self, report: CycleReport) -> None:
+        older = aliased(Attempt)
+        latest = select(func.max(older.number)).where(older.job_id == Job.id).correlate(Job).scalar_subquery()
+        with self.sessions.begin() as session:
+            rows = session.execute(
+                select(Job.id, Job.backend, Job.status, Attempt.number, Attempt.backend_name, Attempt.backend_id)
+                .join(Attempt, Attempt.job_id == Job.id)
+                .where(Job.status.in_(TRACKED), Attempt.number == latest)).all()
+        by_backend: dict[str, list[tuple[int, str, int, Handle]]] = defaultdict(list)
+        for job_id, kind, status, number, name, backend_id in rows:
+            by_backend[kind].append((job_id, status, number, Handle(name=name, backend_id=backend_id)))
+        for backend_name, items in by_backend.items():
+            backend = self.backends.get(backend_name)
+            if backend is None:
+                continue
+            for _, status, _, handle in items:
+                if status == S.CANCELLING.value:
+                    with contextlib.suppress(BackendUnavailable):
+                        backend.cancel(handle)
+            try:
+                observed = backend.poll([h for _, _, _, h in items])
+            except BackendUnavailable:
+                report.unreachable.append(backend_name)
+                continue
+            for job_id, _, number, handle in items:
+                obs = observed.get(handle.name)
+                if obs is not None:
+                    report.transitions += self.apply(job_id, number, obs)
+
+    def apply(self, job_id: int, number: int, obs: Observation) -> int:
+        """Write what the backend observed as transitions of the job and its attempt; return how many."""
+        with self.sessions.begin() as session:
+            job = session.get(Job, job_id, with_for_update=self._postgres)
+            if job is None or job.status not in TRACKED or not job.attempts or job.attempts[-1].number != number:
+                return 0
+            attempt = job.attempts[-1]
+            status = JobStatus(job.status)
+            if obs.nodes and attempt.nodes != obs.nodes:
+                attempt.nodes = obs.nodes
+            if obs.state == RunState.RUNNING and status == S.PENDING:
+                attempt.status = S.RUNNING.value
+                transition(session, job, S.RUNNING, actor=self.actor, message=f"running on {', '.join(obs.nodes)}",
+                           data={"nodes": obs.nodes})
+            elif obs.state == RunState.SUCCEEDED:
+                self._finish(attempt, obs)
+                transition(session, job, S.SUCCEEDED, actor=self.actor, message="finished",
+                           data={"exit_code": obs.exit_code})
+            elif obs.state == RunState.CANCELLED:
+                self._finish(attempt, obs)
+                if status != S.CANCELLING:
+                    transition(session, job, S.CANCELLING, actor=self.actor, message="cancelled on the backend")
+                transition(session, job, S.CANCELLED, actor=self.actor, message="cancelled on the backend too")
+            elif obs.state == RunState.FAILED:
+                self._finish(attempt, obs)
+                self._failed(session, job, status, obs)
+            elif obs.state == RunState.MISSING and utcnow() - as_utc(attempt.created_at) > MISSING_GRACE:
+                self._finish(attempt, obs)
+                self._failed(session, job, status, obs.model_copy(update={
+                    "failure": "lost", "reason": "the backend no longer knows this submission"}))
+            return int(job.status != status.value)
+
+    def _finish(self, attempt: Attempt, obs: Observation) -> None:
+        attempt.status = obs.state.value
+        attempt.exit_code = obs.exit_code
+        attempt.exit_reason = obs.reason
+        attempt.finished_at = utcnow()
+
+    def _failed(self, session: Session, job: Job, status: JobStatus, obs: Observation) -> None:
+        data = {"exit_code": obs.exit_code, "failure": obs.failure, "reason": obs.reason,
+                "log_tail": obs.log_tail}
+        if status == S.CANCELLING:
+            transition(session, job, S.CANCELLED, actor=self.actor, message=f"stopped: {obs.reason}", data=data)
+            return
+        if obs.failure in RETRYABLE and len(job.attempts) < self.config.max_attempts:
+            backoff = self.config.retry_backoff_s * 2 ** (len(job.attempts) - 1)
+            transition(session, job, S.QUEUED, actor=self.actor,
+                       message=f"retrying after {obs.failure}: {obs.reason} (attempt {len(job.attempts)}"
+                               f" of {self.config.max_attempts}, in {backoff:.0f} s)", data=data)
+            job.lease_owner = None
+            job.lease_expires_at = utcnow() + timedelta(seconds=backoff)
+            return
+        transition(session, job, S.FAILED, actor=self.actor,
+                   message=f"{obs.failure or 'failed'}: {obs.reason or ''}".strip(), data=data)
