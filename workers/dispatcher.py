@@ -28,9 +28,10 @@ import signal
 import socket
 import threading
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session, aliased, sessionmaker
@@ -52,6 +53,7 @@ from workers.backends.base import (
 )
 
 log = logging.getLogger("shardctl.dispatcher")
+LaunchPreview = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any] | None]
 FAILPOINT_ENV = "SHARDCTL_FAILPOINT"
 
 
@@ -83,27 +85,43 @@ class CycleReport:
     unreachable: list[str] = field(default_factory=list)
 
 
-def build_request(job: Job, number: int, token: str | None, api_url: str | None) -> LaunchRequest:
-    """The launch request for attempt `number` of `job`: the world from the plan, the entrypoint from
+def build_request(job_id: int, number: int, *, plan: dict[str, Any], spec: dict[str, Any], team: str,
+                  token: str | None, api_url: str | None) -> LaunchRequest:
+    """The launch request for attempt `number` of a job: the world from the plan, the entrypoint from
     the spec (the built-in runtime when absent), and the environment every rank gets."""
-    layout, spec = job.plan["layout"], job.spec
-    nodes = int(job.plan.get("nodes", 1))
-    per_node = int(job.plan.get("gpus_per_node", 1))
+    layout = plan["layout"]
+    nodes = int(plan.get("nodes", 1))
+    per_node = int(plan.get("gpus_per_node", 1))
     world = int(layout["dp"]) * int(layout["tp"]) * int(layout["pp"]) * int(layout["cp"])
     if nodes * per_node != world:
         per_node = max(1, world // nodes)
     entry = spec.get("entrypoint") or {}
     command = list(entry.get("command") or runtime_command())
-    env = {PLAN_ENV: json.dumps(job.plan), "SHARDCTL_JOB_ID": str(job.id), "SHARDCTL_ATTEMPT": str(number),
+    env = {PLAN_ENV: json.dumps(plan), "SHARDCTL_JOB_ID": str(job_id), "SHARDCTL_ATTEMPT": str(number),
            **{str(k): str(v) for k, v in (entry.get("env") or {}).items()}}
     if token is not None:
         env["SHARDCTL_JOB_TOKEN"] = token
     if api_url:
         env["SHARDCTL_URL"] = api_url
-    gpu = job.plan.get("gpu", "cpu")
-    return LaunchRequest(job_id=job.id, attempt=number, name=attempt_name(job.id, number), nodes=nodes,
+    gpu = plan.get("gpu", "cpu")
+    return LaunchRequest(job_id=job_id, attempt=number, name=attempt_name(job_id, number), nodes=nodes,
                          procs_per_node=per_node, gpus_per_proc=0 if gpu == "cpu" else 1, command=command, env=env,
-                         image=entry.get("image"), plan=job.plan, spec=spec, team=job.team.name)
+                         image=entry.get("image"), plan=plan, spec=spec, team=team)
+
+
+def launch_preview(backends: Mapping[str, Backend], api_url: str | None = None) -> LaunchPreview:
+    """A function that renders what attempt 1 of a not-yet-created job would send to its backend
+    (`POST /v1/plans`, `shardctl submit --dry-run`); None when the spec's backend is not configured."""
+
+    def preview(spec: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any] | None:
+        backend = backends.get(spec.get("backend", {}).get("kind", "local"))
+        if backend is None:
+            return None
+        req = build_request(0, 1, plan=plan, spec=spec, team=spec.get("team") or "default",
+                            token="<job token, minted at submission>", api_url=api_url)
+        return backend.render(req).model_dump(mode="json")
+
+    return preview
 
 
 class Dispatcher:
@@ -189,7 +207,8 @@ class Dispatcher:
                 add_event(session, job, actor=self.actor, kind="job.resume_submit",
                           message=f"resuming attempt {number} after an interrupted submission")
             _, token = create_token(session, role="job", job_id=job.id, name=attempt_name(job.id, number))
-            req = build_request(job, number, token, self.config.api_url)
+            req = build_request(job.id, number, plan=job.plan, spec=job.spec, team=job.team.name, token=token,
+                                api_url=self.config.api_url)
         failpoint("after-submitting-commit")
         try:
             handle = backend.find(req.name)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from sqlalchemy import Engine
@@ -41,9 +42,14 @@ def _contains_nul(value: object) -> bool:
     return False
 
 
-def create_app(settings: Settings | None = None, *, engine: Engine | None = None) -> FastAPI:
+LaunchPreview = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any] | None]
+
+
+def create_app(settings: Settings | None = None, *, engine: Engine | None = None,
+               launch_preview: LaunchPreview | None = None) -> FastAPI:
     """An app on `settings.database_url` (or `engine`). The schema must be migrated already
-    (`shardctl db upgrade`; `shardctl serve` does it)."""
+    (`shardctl db upgrade`; `shardctl serve` does it). `launch_preview(spec, plan)` renders what a
+    backend would be sent; `shardctl serve` passes the dispatcher's (the API never imports workers)."""
     settings = settings or Settings()
     engine = engine or make_engine(settings.resolved_database_url)
     app = FastAPI(title="shardctl", version="0.1.0",
@@ -52,6 +58,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.state.engine = engine
     app.state.sessions = make_sessionmaker(engine)
     app.state.metrics = make_metrics(app.state.sessions)
+    app.state.launch_preview = launch_preview
     errors.install(app)
     for module in (health, plans, jobs, teams, tokens):
         app.include_router(module.router)

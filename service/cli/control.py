@@ -80,8 +80,13 @@ def serve(host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0
                                   args=(stop, settings.dispatcher_interval_s), daemon=True, name="dispatcher")
         thread.start()
         err.print("dispatcher running in this process")
+    from workers.backends.registry import make_backends
+    from workers.dispatcher import launch_preview
+
+    preview = launch_preview(make_backends(settings), url)
     try:
-        uvicorn.run(create_app(settings, engine=engine), host=host, port=port, log_level="warning")
+        uvicorn.run(create_app(settings, engine=engine, launch_preview=preview), host=host, port=port,
+                    log_level="warning")
     finally:
         stop.set()
 
@@ -207,12 +212,28 @@ def db_upgrade() -> None:
 
 def submit(spec_path: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Spec file.")],
            idempotency_key: Annotated[str | None, typer.Option(help="Retry-safe submission key.")] = None,
+           dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan and show the backend request; queue"
+                                                 " nothing.")] = False,
            as_json: JsonOpt = False) -> None:
     """Plan and queue a job through the API."""
     try:
         spec = load_spec(spec_path)
     except Exception as exc:
         raise fail(exc) from None
+    if dry_run:
+        try:
+            preview = Api().request("POST", "/v1/plans", json=spec.model_dump(mode="json", exclude_unset=True))
+        except CliError as exc:
+            raise fail(exc) from None
+        if as_json:
+            return out_json(preview)
+        from service.cli.render import plan_panel
+        from service.planner import Plan
+
+        launch = preview.pop("launch", None)
+        console.print(plan_panel(Plan.model_validate(preview), console.width))
+        console.out(json.dumps(launch, indent=2) if launch else "(no dispatcher for this backend on the server)")
+        return
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
     try:
         job = Api().request("POST", "/v1/jobs", json=spec.model_dump(mode="json", exclude_unset=True),

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import Field
 
 from service.api.deps import Person
 from service.planner import Plan, plan
@@ -9,7 +12,20 @@ from service.spec import TrainingSpec
 router = APIRouter(prefix="/v1/plans", tags=["plans"])
 
 
-@router.post("", response_model=Plan, summary="Dry run: plan a spec without creating a job")
-def create_plan(spec: TrainingSpec, _: Person) -> Plan:
-    """The planner's `Plan`, fitting or not (`fits` says which). No job is created."""
-    return plan(spec)
+class PlanPreview(Plan):
+    launch: dict[str, Any] | None = Field(
+        None, description="What the backend would be sent for attempt 1 (sbatch script, Kubernetes objects,"
+        " torchrun commands); null when this server runs no dispatcher for the spec's backend.")
+
+
+@router.post("", response_model=PlanPreview, summary="Dry run: plan a spec without creating a job")
+def create_plan(spec: TrainingSpec, _: Person, request: Request) -> PlanPreview:
+    """The planner's `Plan`, fitting or not (`fits` says which), with the rendered launch request.
+    No job is created."""
+    result = plan(spec)
+    preview = request.app.state.launch_preview
+    launch = None
+    if preview is not None and result.fits:
+        launch = preview(spec.model_dump(mode="json"), result.model_dump(mode="json"))
+    return PlanPreview(**result.model_dump(), launch=launch)
+

@@ -1,0 +1,32 @@
+"""`POST /v1/plans` shows what the backend would be sent, without creating anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+from service.api.app import create_app
+from service.settings import Settings
+from service.store.db import make_engine
+from tests.db_fixtures import Env
+from tests.specs import tiny
+from workers.backends.local import LocalBackend
+from workers.dispatcher import launch_preview
+
+
+def test_plans_render_the_launch_request_when_a_dispatcher_is_wired(env: Env, tmp_path: Path) -> None:
+    admin = env.headers(env.token("admin"))
+    assert env.client.post("/v1/plans", json=tiny(), headers=admin).json()["launch"] is None
+    app = create_app(Settings(database_url=env.url, data_dir=tmp_path), engine=make_engine(env.url),
+                     launch_preview=launch_preview({"local": LocalBackend(tmp_path / "local")}, "http://x"))
+    with TestClient(app) as client:
+        body = client.post("/v1/plans", json=tiny(), headers=admin).json()
+        other = client.post("/v1/plans", json=tiny(backend={"kind": "slurm"}), headers=admin).json()
+    launch = body["launch"]
+    assert launch["backend"] == "local" and launch["name"] == "shardctl-0-1"
+    (command,) = launch["content"]["commands"]
+    assert "--nproc-per-node=2" in command and command[-3:] == ["python", "-m", "workers.runtime"]
+    assert launch["content"]["env"]["SHARDCTL_JOB_TOKEN"] == "<secret>"
+    assert other["launch"] is None  # no slurm backend on this server
+    assert env.client.get("/v1/jobs", headers=admin).json()["items"] == []
