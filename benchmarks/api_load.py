@@ -16,8 +16,11 @@ process (`uvicorn --factory service.api.app:create_app`) and drives it from this
 It prints a table with each figure next to the goal (300 submissions/s; a p99 read under 20 ms on a
 2-core machine) and figure/goal. It always exits 0 once it has measured: it is a measurement, not a test.
 
-    .venv/bin/python benchmarks/api_load.py --postgres-url "$(deploy/postgres.sh)" \
+    .venv/bin/python benchmarks/api_load.py --postgres-url "$(deploy/postgres.sh)"
         [--jobs 100000] [--submissions 1000] [--reads 2000] [--concurrency 16] [--server-workers 1]
+
+(one command line; about 6 minutes with these sizes). Run it on an otherwise idle machine: it prints
+the background CPU load it saw before and after, and flags figures taken on a busy one.
 
 The PostgreSQL URL (its role needs CREATEDB) defaults to $SHARDCTL_TEST_POSTGRES_URL, else the
 `shardctl` role on 127.0.0.1:5432 that `deploy/postgres.sh` sets up.

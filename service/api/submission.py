@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.api.errors import ApiError
-from service.planner import plan
+from service.planner import Plan, plan
 from service.spec import TrainingSpec
 from service.store.jobs import NewJob, body_hash, create_job, find_idempotent, idempotency_scope
 from service.store.tokens import Principal, ensure_team, team_by_name
 
 DEFAULT_TEAM = "default"
 MAX_KEY = 200
+PLAN_CACHE = 512
+
+
+@lru_cache(maxsize=PLAN_CACHE)
+def _plan_json(spec_json: str) -> Plan:
+    return plan(TrainingSpec.model_validate_json(spec_json))
+
+
+def cached_plan(spec: TrainingSpec) -> Plan:
+    """`plan(spec)`, remembered for the last few hundred distinct specs (planning is pure and costs
+    milliseconds; teams resubmit the same spec). Callers must not mutate the result."""
+    return _plan_json(spec.model_dump_json())
 
 
 def submit(db: sessionmaker[Session], principal: Principal, spec: TrainingSpec,
@@ -41,7 +55,7 @@ def submit(db: sessionmaker[Session], principal: Principal, spec: TrainingSpec,
             if earlier is not None:
                 return earlier.id, False
 
-    result = plan(spec)
+    result = cached_plan(spec)
     if not result.fits:
         raise ApiError(422, "does_not_fit", "no layout fits: " + "; ".join(result.reasons),
                        details={"reasons": result.reasons, "min_gpus_to_fit": result.min_gpus_to_fit,

@@ -9,22 +9,12 @@ from service.store.jobs import latest_measurements
 from service.store.models import ApiToken, Event, Job, Team
 
 
-def _layout_line(plan: dict[str, object]) -> str:
-    layout = plan.get("layout")
-    if not isinstance(layout, dict):
-        return ""
-    parts = [str(layout.get("sharding")), *(f"{k}={layout.get(k)}" for k in ("dp", "tp", "pp", "cp"))]
-    parts.append(f"mb={layout.get('micro_batch')}x{layout.get('grad_accum_steps')}")
-    parts.append(f"ac={layout.get('activation_checkpointing')}")
-    return " ".join(parts)
-
-
 def job_summary(job: Job) -> JobSummary:
-    time = job.plan.get("time") if isinstance(job.plan, dict) else None
+    """From columns only: the spec and plan documents stay unloaded in list views."""
     return JobSummary(
         id=job.id, name=job.name, team=job.team.name, status=job.status, backend=job.backend,
         priority=job.priority, created_at=job.created_at, updated_at=job.updated_at, finished_at=job.finished_at,
-        layout=_layout_line(job.plan), predicted_step_s=time.get("step_s") if isinstance(time, dict) else None)
+        layout=job.layout, predicted_step_s=job.predicted_step_s)
 
 
 def job_out(session: Session, job: Job) -> JobOut:

@@ -59,8 +59,10 @@ def create_job(session: Session, new: NewJob, *, actor: str, idempotency: tuple[
     `idempotency` is (scope, key, body hash). A concurrent request that inserted the same key
     first wins: the unique constraint fails here and the caller retries `find_idempotent`.
     """
+    time = new.plan.get("time") or {}
     job = Job(name=new.name, team_id=new.team.id, status=JobStatus.QUEUED.value, backend=new.backend,
-              priority=new.priority, spec=new.spec, plan=new.plan, created_by=actor)
+              priority=new.priority, spec=new.spec, plan=new.plan, created_by=actor,
+              layout=layout_line(new.plan), predicted_step_s=time.get("step_s"))
     session.add(job)
     session.flush()
     add_event(session, job, actor=actor, kind="job.queued", message="planned and queued",
@@ -70,6 +72,17 @@ def create_job(session: Session, new: NewJob, *, actor: str, idempotency: tuple[
         session.add(IdempotencyKey(scope=scope, key=key, body_hash=digest, job_id=job.id))
     session.flush()
     return job
+
+
+def layout_line(plan: dict[str, Any]) -> str:
+    """The planned layout in one line, e.g. `fsdp dp=8 tp=1 pp=1 cp=1 mb=2x4 ac=full`."""
+    layout = plan.get("layout")
+    if not isinstance(layout, dict):
+        return ""
+    parts = [str(layout.get("sharding")), *(f"{k}={layout.get(k)}" for k in ("dp", "tp", "pp", "cp"))]
+    parts.append(f"mb={layout.get('micro_batch')}x{layout.get('grad_accum_steps')}")
+    parts.append(f"ac={layout.get('activation_checkpointing')}")
+    return " ".join(parts)[:200]
 
 
 def visible_job(session: Session, principal: Principal, job_id: int, *, for_update: bool = False) -> Job:

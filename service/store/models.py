@@ -13,6 +13,7 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -91,8 +92,11 @@ class Job(Base):
     status: Mapped[str] = mapped_column(String(16))
     backend: Mapped[str] = mapped_column(String(16))
     priority: Mapped[int] = mapped_column(Integer, default=0)
-    spec: Mapped[dict[str, Any]] = mapped_column(Json)
-    plan: Mapped[dict[str, Any]] = mapped_column(Json)
+    spec: Mapped[dict[str, Any]] = mapped_column(Json, deferred=True)
+    plan: Mapped[dict[str, Any]] = mapped_column(Json, deferred=True)
+    # Copied from the plan at submission, so that list views never decode the JSON documents.
+    layout: Mapped[str] = mapped_column(String(200), default="")
+    predicted_step_s: Mapped[float | None] = mapped_column(Float)
     created_by: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -102,7 +106,7 @@ class Job(Base):
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     team: Mapped[Team] = relationship(lazy="joined", innerjoin=True)
-    attempts: Mapped[list[Attempt]] = relationship(order_by="Attempt.number", lazy="selectin")
+    attempts: Mapped[list[Attempt]] = relationship(order_by="Attempt.number", lazy="select")
 
 
 class Attempt(Base):

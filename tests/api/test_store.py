@@ -83,3 +83,26 @@ def test_a_transition_and_its_event_commit_or_roll_back_together(sessions) -> No
     with sessions.begin() as session:
         transition(session, session.get(Job, job_id), JobStatus.SUBMITTING, actor="dispatcher")
     assert count() == before + 1
+
+
+def test_migration_0002_backfills_the_list_columns_from_existing_plans(db_url: str) -> None:
+    import sqlalchemy as sa
+
+    migrate.downgrade(db_url, "0001")
+    engine = sa.create_engine(db_url)
+    plan = {"layout": {"sharding": "fsdp", "dp": 8, "tp": 1, "pp": 1, "cp": 1, "micro_batch": 2,
+                       "grad_accum_steps": 4, "activation_checkpointing": "full"}, "time": {"step_s": 1.25}}
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO teams (name, created_at) VALUES ('alpha', CURRENT_TIMESTAMP)"))
+        team_id = conn.execute(sa.text("SELECT id FROM teams")).scalar_one()
+        jobs = sa.table("jobs", *(sa.column(c) for c in ("name", "team_id", "status", "backend", "priority",
+                                                          "created_by", "created_at", "updated_at")),
+                        sa.column("spec", sa.JSON()), sa.column("plan", sa.JSON()))
+        conn.execute(jobs.insert().values(name="old", team_id=team_id, status="QUEUED", backend="local", priority=0,
+                                          created_by="t", created_at=sa.func.now(), updated_at=sa.func.now(),
+                                          spec={}, plan=plan))
+    migrate.upgrade(db_url)
+    with engine.begin() as conn:
+        layout, step = conn.execute(sa.text("SELECT layout, predicted_step_s FROM jobs")).one()
+    engine.dispose()
+    assert layout == "fsdp dp=8 tp=1 pp=1 cp=1 mb=2x4 ac=full" and step == 1.25

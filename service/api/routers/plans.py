@@ -6,7 +6,8 @@ from fastapi import APIRouter, Request
 from pydantic import Field
 
 from service.api.deps import Person
-from service.planner import Plan, plan
+from service.api.submission import cached_plan
+from service.planner import Plan
 from service.spec import TrainingSpec
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"])
@@ -22,7 +23,7 @@ class PlanPreview(Plan):
 def create_plan(spec: TrainingSpec, _: Person, request: Request) -> PlanPreview:
     """The planner's `Plan`, fitting or not (`fits` says which), with the rendered launch request.
     No job is created."""
-    result = plan(spec)
+    result = cached_plan(spec)
     preview = request.app.state.launch_preview
     launch = None
     if preview is not None and result.fits:

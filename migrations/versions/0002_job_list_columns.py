@@ -1,0 +1,40 @@
+"""job list columns: the layout line and predicted step time, copied out of the plan
+
+Revision ID: 0002
+Revises: 0001
+Create Date: 2026-11-29 10:53:41
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0002"
+down_revision: str | None = "0001"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("jobs", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("layout", sa.String(length=200), nullable=False, server_default=""))
+        batch_op.add_column(sa.Column("predicted_step_s", sa.Float(), nullable=True))
+    from service.store.jobs import layout_line
+
+    bind = op.get_bind()
+    jobs = sa.table("jobs", sa.column("id", sa.BigInteger()), sa.column("plan", sa.JSON()),
+                    sa.column("layout", sa.String()), sa.column("predicted_step_s", sa.Float()))
+    for job_id, plan in bind.execute(sa.select(jobs.c.id, jobs.c.plan)).all():
+        plan = json.loads(plan) if isinstance(plan, str) else plan or {}
+        bind.execute(jobs.update().where(jobs.c.id == job_id).values(
+            layout=layout_line(plan), predicted_step_s=(plan.get("time") or {}).get("step_s")))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("jobs", schema=None) as batch_op:
+        batch_op.drop_column("predicted_step_s")
+        batch_op.drop_column("layout")
