@@ -27,6 +27,9 @@ class Settings(BaseSettings):
     retry_backoff_s: float = 5.0
     kubeconfig: Path | None = None
     kubernetes_namespace: str = "default"
+    kubernetes_namespaces: list[str] = Field(default_factory=list, description="Other namespaces specs may name.")
+    kubernetes_default_image: str | None = None
+    kubernetes_queues: dict[str, str] = Field(default_factory=dict, description="team -> Kueue LocalQueue")
 
     @cached_property
     def resolved_database_url(self) -> str:

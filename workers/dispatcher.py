@@ -313,6 +313,9 @@ class Dispatcher:
             elif obs.state == RunState.FAILED:
                 self._finish(attempt, obs)
                 self._failed(session, job, status, obs)
+            elif obs.state == RunState.MISSING and status == S.CANCELLING:
+                self._finish(attempt, obs)
+                transition(session, job, S.CANCELLED, actor=self.actor, message="gone from the backend after cancel")
             elif obs.state == RunState.MISSING and utcnow() - as_utc(attempt.created_at) > MISSING_GRACE:
                 self._finish(attempt, obs)
                 self._failed(session, job, status, obs.model_copy(update={

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 
 from service.settings import Settings
@@ -10,7 +12,8 @@ from workers.backends.local import LocalBackend
 
 
 def make_backends(settings: Settings) -> dict[str, Backend]:
-    """`local` always; `slurm` when `sbatch` is on PATH; `kubernetes` when a kubeconfig is set."""
+    """`local` always; `slurm` when `sbatch` is on PATH; `kubernetes` when a kubeconfig (settings or
+    $KUBECONFIG) or an in-cluster service account is there."""
     backends: dict[str, Backend] = {"local": LocalBackend(settings.data_dir / "local")}
     if shutil.which("sbatch"):
         try:
@@ -19,4 +22,13 @@ def make_backends(settings: Settings) -> dict[str, Backend]:
             backends["slurm"] = SlurmBackend(folder=settings.data_dir / "slurm")
         except ImportError:
             pass
+    if settings.kubeconfig is not None or os.environ.get("KUBECONFIG") or os.environ.get("KUBERNETES_SERVICE_HOST"):
+        from workers.backends.base import BackendUnavailable
+        from workers.backends.kubernetes import KubernetesBackend
+
+        with contextlib.suppress(BackendUnavailable):
+            backends["kubernetes"] = KubernetesBackend.from_environment(
+                settings.kubeconfig, namespace=settings.kubernetes_namespace,
+                namespaces=settings.kubernetes_namespaces, default_image=settings.kubernetes_default_image,
+                queue_for_team=settings.kubernetes_queues)
     return backends

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request
 from pydantic import Field
 
 from service.api.deps import Person
+from service.api.errors import ApiError
 from service.api.submission import cached_plan
 from service.planner import Plan
 from service.spec import TrainingSpec
@@ -27,6 +28,9 @@ def create_plan(spec: TrainingSpec, _: Person, request: Request) -> PlanPreview:
     preview = request.app.state.launch_preview
     launch = None
     if preview is not None and result.fits:
-        launch = preview(spec.model_dump(mode="json"), result.model_dump(mode="json"))
+        try:
+            launch = preview(spec.model_dump(mode="json"), result.model_dump(mode="json"))
+        except ValueError as exc:  # the backend cannot render this spec (e.g. no image for Kubernetes)
+            raise ApiError(422, "cannot_render", f"{spec.backend.kind}: {exc}") from exc
     return PlanPreview(**result.model_dump(), launch=launch)
 
