@@ -42,6 +42,7 @@ from service.store.tokens import create_token
 from workers.backends.base import (
     PLAN_ENV,
     RETRYABLE,
+    SPEC_ENV,
     Backend,
     BackendUnavailable,
     Handle,
@@ -97,7 +98,8 @@ def build_request(job_id: int, number: int, *, plan: dict[str, Any], spec: dict[
         per_node = max(1, world // nodes)
     entry = spec.get("entrypoint") or {}
     command = list(entry.get("command") or runtime_command())
-    env = {PLAN_ENV: json.dumps(plan), "SHARDCTL_JOB_ID": str(job_id), "SHARDCTL_ATTEMPT": str(number),
+    env = {PLAN_ENV: json.dumps(plan), SPEC_ENV: json.dumps(spec), "SHARDCTL_JOB_ID": str(job_id),
+           "SHARDCTL_ATTEMPT": str(number),
            **{str(k): str(v) for k, v in (entry.get("env") or {}).items()}}
     if token is not None:
         env["SHARDCTL_JOB_TOKEN"] = token

@@ -283,10 +283,41 @@ def show(job_id: int, as_json: JsonOpt = False) -> None:
 
     console.out(f"job {job['id']} {job['name']} ({job['team']}): {job['status']} on {job['backend']}")
     for a in job["attempts"]:
-        console.out(f"  attempt {a['number']} {a['backend_name']} {a['status']} {a['exit_reason'] or ''}")
-    for kind, m in job["measurements"].items():
-        console.out(f"  {kind} at {m['at'][:19]}: {json.dumps(m['data'])[:200]}")
+        nodes = ", ".join(a["nodes"])
+        console.out(f"  attempt {a['number']} {a['backend_name']} {a['status']}"
+                    f"{' on ' + nodes if nodes else ''} {a['exit_reason'] or ''}".rstrip())
     console.print(plan_panel(Plan.model_validate(job["plan"]), console.width))
+    measurements = job["measurements"]
+    if "report" in measurements:
+        console.print(measured_table(measurements["report"]["data"]))
+    if "profile" in measurements:
+        diagnosis = measurements["profile"]["data"].get("diagnosis") or {}
+        console.out(f"Profile verdict: {diagnosis.get('bound', '?')} ({diagnosis.get('confidence', '?')} confidence)")
+        for rec in diagnosis.get("recommendations", [])[:3]:
+            console.out(f"  {rec.get('id')}: {rec.get('text')}")
+    elif "heartbeat" in measurements:
+        console.out(f"last heartbeat: {json.dumps(measurements['heartbeat']['data'])}")
+
+
+def measured_table(report: dict[str, Any]) -> Table:
+    """Prediction next to measurement, per memory component and for step time, as the runtime reported."""
+    table = Table("", "predicted", "measured", "measured/predicted", title="Prediction vs measurement (per GPU)")
+    predicted, measured, ratios = report.get("predicted", {}), report.get("measured", {}), report.get("ratios", {})
+    rows = [("params", "params", "params", True), ("grads", "grads", "grads", True),
+            ("optimizer", "optimizer", "optimizer", True), ("peak memory", "peak_allocated", "peak", True),
+            ("step time", "step_s", "step_s", False), ("tokens/s", "tokens_per_s", "tokens_per_s", False)]
+    for label, p_key, m_key, is_bytes in rows:
+        p, m, r = predicted.get(p_key), measured.get(m_key), ratios.get(m_key if m_key != "peak" else "peak")
+
+        def fmt(v: Any, as_bytes: bool = is_bytes, key: str = p_key) -> str:
+            if v is None:
+                return "-"
+            if as_bytes:
+                return f"{v / 2**30:.3f} GiB"
+            return human_seconds(v) if key == "step_s" else f"{v:,.0f}"
+
+        table.add_row(label, fmt(p), fmt(m), f"{r:.3f}" if isinstance(r, int | float) else "-")
+    return table
 
 
 def events(job_id: int, follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream until the job ends.")]

@@ -99,7 +99,9 @@ def model_state_bytes(psi: float, largest_unit: float, layout: Layout, precision
     if sharding in ("ddp", "zero1"):
         params, grads = 4 * psi, 4 * psi
         opt = k * psi / (n if sharding == "zero1" else 1)
-        comm = 4 * psi  # DDP keeps a flat bucket copy of the gradients
+        # The runtime builds DDP with gradient_as_bucket_view=True: the gradients live inside the
+        # all-reduce buckets, so there is no second copy (without it DDP would add 4Ψ, §7.9).
+        comm = 0.0
     else:
         params, grads, opt = 4 * psi / n, 4 * psi / n, k * psi / n
         # One unit's gradients in low precision plus their fp32 reduce-scatter input.

@@ -211,9 +211,12 @@ def test_zero3_gathers_the_largest_unit_with_prefetch() -> None:
     assert s.comm_buffers == 2 * 2 * 1e8 + (2 + 4) * 1e8
 
 
-def test_ddp_keeps_a_bucket_copy_of_the_gradients() -> None:
-    s = model_state_bytes(1e9, 1e8, layout(sharding="ddp", dp_shard=1), "bf16", "adamw")
-    assert s.comm_buffers == s.grads
+def test_ddp_gradients_are_views_into_its_buckets() -> None:
+    # The runtime sets gradient_as_bucket_view=True, so DDP and ZeRO-1 hold no second gradient copy.
+    for sharding in ("ddp", "zero1"):
+        s = model_state_bytes(1e9, 1e8, layout(sharding=sharding, dp_shard=1 if sharding == "ddp" else 8), "bf16",
+                              "adamw")
+        assert s.comm_buffers == 0
 
 
 def test_breakdown_is_most_loaded_rank_with_pipeline() -> None:

@@ -71,6 +71,7 @@ def attempt_name(job_id: int, attempt: int) -> str:
 
 
 PLAN_ENV = "SHARDCTL_PLAN_JSON"
+SPEC_ENV = "SHARDCTL_SPEC_JSON"
 OUT_ENV = "SHARDCTL_OUT_DIR"
 
 

@@ -75,7 +75,8 @@ class LocalBackend:
 
     def render(self, req: LaunchRequest) -> Rendered:
         per_node = node_commands(req, "127.0.0.1:<free port>")
-        env = {k: ("<secret>" if "TOKEN" in k else v) for k, v in req.env.items() if k != "SHARDCTL_PLAN_JSON"}
+        env = {k: ("<secret>" if "TOKEN" in k else v) for k, v in req.env.items()
+               if k not in ("SHARDCTL_PLAN_JSON", "SHARDCTL_SPEC_JSON")}
         return Rendered(backend=self.name, name=req.name, content={
             "folder": str(self._dir(req.name)), "nodes": req.nodes, "commands": per_node, "env": env})
 
