@@ -103,14 +103,26 @@ class Env:
         return {"Authorization": f"Bearer {token}"}
 
 
-@pytest.fixture
-def env(db_url: str, tmp_path: Path) -> Iterator[Env]:
-    settings = Settings(database_url=db_url, data_dir=tmp_path, events_poll_s=0.05)
-    engine = make_engine(db_url)
+def _env(url: str, tmp_path: Path) -> Iterator[Env]:
+    settings = Settings(database_url=url, data_dir=tmp_path, events_poll_s=0.05)
+    engine = make_engine(url)
     app = create_app(settings, engine=engine)
     with TestClient(app) as client:
-        yield Env(app=app, client=client, url=db_url)
+        yield Env(app=app, client=client, url=url)
     engine.dispose()
+
+
+@pytest.fixture
+def env(db_url: str, tmp_path: Path) -> Iterator[Env]:
+    """The API on each database in turn."""
+    yield from _env(db_url, tmp_path)
+
+
+@pytest.fixture
+def pg_env(postgres_url: str, tmp_path: Path) -> Iterator[Env]:
+    """The API on PostgreSQL only, for what only PostgreSQL offers (replicas sharing one queue)."""
+    _truncate(postgres_url)
+    yield from _env(postgres_url, tmp_path)
 
 
 @pytest.fixture

@@ -150,10 +150,9 @@ def test_a_dispatcher_killed_mid_submission_never_submits_twice(env: Env, admin:
 
 
 @pytest.mark.slow
-def test_two_dispatchers_drain_200_jobs_submitting_each_exactly_once(env: Env, admin: dict[str, str],
-                                                                     tmp_path: Path) -> None:
-    if not env.url.startswith("postgresql"):
-        pytest.skip("replicas share a queue on PostgreSQL; SQLite is the single-process embedded default")
+def test_two_dispatchers_drain_200_jobs_submitting_each_exactly_once(pg_env: Env, tmp_path: Path) -> None:
+    env = pg_env
+    admin = env.headers(env.token("admin"))
     runs = tmp_path / "runs"
     runs.mkdir()
     code = f"import os; open('{runs}/' + os.environ['SHARDCTL_JOB_ID'], 'a').write('x')"
