@@ -20,6 +20,7 @@ component() {  # component NAME VAR SCRIPT: export VAR from SCRIPT's stdout
   fi
 }
 component PostgreSQL SHARDCTL_TEST_POSTGRES_URL deploy/postgres.sh
+component Slurm SHARDCTL_TEST_SLURM deploy/slurm.sh
 
 echo "== ruff"
 .venv/bin/ruff check .

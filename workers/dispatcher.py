@@ -297,6 +297,7 @@ class Dispatcher:
                 return 0
             attempt = job.attempts[-1]
             status = JobStatus(job.status)
+            attempt = self._record_requeues(session, job, attempt, obs)
             if obs.nodes and attempt.nodes != obs.nodes:
                 attempt.nodes = obs.nodes
             if obs.state == RunState.RUNNING and status == S.PENDING:
@@ -323,6 +324,28 @@ class Dispatcher:
                 self._failed(session, job, status, obs.model_copy(update={
                     "failure": "lost", "reason": "the backend no longer knows this submission"}))
             return int(job.status != status.value)
+
+    def _record_requeues(self, session: Session, job: Job, attempt: Attempt, obs: Observation) -> Attempt:
+        """A backend that requeued the same submission (Slurm preemption) reports `requeues`; each one
+        not yet recorded closes the current attempt with its reason and opens the next, which keeps
+        the backend's name and id. Returns the attempt that is current now."""
+        if not attempt.backend_id:
+            return attempt
+        runs = [a for a in job.attempts if a.backend_id == attempt.backend_id]
+        while obs.requeues > len(runs) - 1:
+            index = len(runs) - 1
+            why = obs.requeue_reasons[index] if index < len(obs.requeue_reasons) else "requeued by the backend"
+            attempt.status, attempt.exit_reason, attempt.finished_at = "PREEMPTED", f"requeued: {why}", utcnow()
+            nxt = Attempt(job_id=job.id, number=attempt.number + 1, backend_name=attempt.backend_name,
+                          backend_id=attempt.backend_id, status=S.PENDING.value, nodes=[])
+            session.add(nxt)
+            job.attempts.append(nxt)
+            add_event(session, job, actor=self.actor, kind="job.requeued",
+                      message=f"attempt {attempt.number} {why}; the backend requeued it as attempt {nxt.number}",
+                      data={"attempt": nxt.number, "reason": why})
+            runs.append(nxt)
+            attempt = nxt
+        return attempt
 
     def _finish(self, attempt: Attempt, obs: Observation) -> None:
         attempt.status = obs.state.value

@@ -183,3 +183,23 @@ def test_two_dispatchers_drain_200_jobs_submitting_each_exactly_once(pg_env: Env
         owners = {e for e in session.scalars(select(Job.lease_owner))}
     assert len(attempts) == len(set(attempts)) == 200
     assert owners == {None}
+
+
+def test_a_backend_requeue_is_recorded_as_a_new_attempt_with_its_reason(env: Env, admin: dict[str, str],
+                                                                       tmp_path: Path) -> None:
+    from workers.backends.base import Observation, RunState
+
+    job_id = env.client.post("/v1/jobs", json=one_process("import time; time.sleep(60)"), headers=admin).json()["id"]
+    dispatcher = make_dispatcher(env, tmp_path)
+    drive(env, dispatcher, job_id, admin, until={"RUNNING"})
+    # What the Slurm backend reports after a preemption: the same job id, requeued once.
+    requeued = Observation(state=RunState.PENDING, requeues=1, requeue_reasons=["preempted by partition urgent"])
+    dispatcher.apply(job_id, 1, requeued)
+    dispatcher.apply(job_id, 2, requeued)  # seen again next cycle: recorded once
+    job = env.client.get(f"/v1/jobs/{job_id}", headers=admin).json()
+    first, second = job["attempts"]
+    assert first["status"] == "PREEMPTED" and first["exit_reason"] == "requeued: preempted by partition urgent"
+    assert second["number"] == 2 and second["backend_name"] == first["backend_name"]
+    assert kinds(env, job_id, admin).count("job.requeued") == 1
+    env.client.post(f"/v1/jobs/{job_id}/cancel", headers=admin)
+    assert drive(env, dispatcher, job_id, admin)["status"] == "CANCELLED"

@@ -131,6 +131,8 @@ class Observation(BaseModel):
     failure: FailureClass | None = None
     reason: str | None = None
     log_tail: str | None = None
+    requeues: int = Field(0, description="Times the backend requeued this same submission (preemption).")
+    requeue_reasons: list[str] = Field(default_factory=list)
 
 
 class Rendered(BaseModel):

@@ -17,7 +17,7 @@ def make_backends(settings: Settings) -> dict[str, Backend]:
     backends: dict[str, Backend] = {"local": LocalBackend(settings.data_dir / "local")}
     if shutil.which("sbatch"):
         try:
-            from workers.backends.slurm import SlurmBackend  # type: ignore[import-not-found,unused-ignore]
+            from workers.backends.slurm import SlurmBackend
 
             backends["slurm"] = SlurmBackend(folder=settings.data_dir / "slurm")
         except ImportError:

@@ -1,0 +1,113 @@
+"""Fixtures for the tests against the real local Slurm cluster (deploy/slurm.sh).
+
+SHARDCTL_TEST_SLURM names the partition (scripts/test.sh sets it from deploy/slurm.sh's stdout). Unset:
+the cluster tests skip with the reason, except under CI, where they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from workers.backends.base import Handle, LaunchRequest, Observation, RunState, attempt_name
+from workers.backends.slurm import SlurmBackend
+
+SLURM_ENV = "SHARDCTL_TEST_SLURM"
+URGENT = "urgent"  # deploy/slurm.sh's high-PriorityTier partition: preempts (requeues) jobs of the default one
+TERMINAL = {RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED}
+_ids = iter(range(int(time.time() * 10) % 10_000_000 * 100, 2**62))
+
+
+def slurm_partition() -> str:
+    partition = os.environ.get(SLURM_ENV)
+    if partition:
+        return partition
+    if os.environ.get("CI"):
+        pytest.fail(f"{SLURM_ENV} is not set: CI must run the Slurm tests (scripts/test.sh starts deploy/slurm.sh)")
+    pytest.skip(f"Slurm tests skipped: set {SLURM_ENV} to a partition (export {SLURM_ENV}=$(deploy/slurm.sh))")
+
+
+@pytest.fixture(scope="session")
+def partition() -> str:
+    return slurm_partition()
+
+
+@pytest.fixture(scope="session")
+def slurm_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("slurm")
+
+
+@pytest.fixture(scope="session")
+def backend(partition: str, slurm_folder: Path) -> SlurmBackend:
+    return SlurmBackend(folder=slurm_folder, partition=partition)
+
+
+def unique_job_id() -> int:
+    """Job ids that no other test run used, so attempt names are unique in sacct's history."""
+    return next(_ids)
+
+
+def launch_request(command: list[str], *, nodes: int = 2, procs_per_node: int = 1, **options: Any) -> LaunchRequest:
+    job_id = unique_job_id()
+    return LaunchRequest(job_id=job_id, attempt=1, name=attempt_name(job_id, 1), nodes=nodes,
+                         procs_per_node=procs_per_node, gpus_per_proc=0, command=command,
+                         env={"SHARDCTL_TEST": "1"}, plan={"test": True},
+                         spec={"backend": {"kind": "slurm", **options}}, team="default")
+
+
+def py(code: str) -> list[str]:
+    return ["python", "-c", code]
+
+
+def wait_for(backend: SlurmBackend, handle: Handle, done: Callable[[Observation], bool],
+             timeout: float = 90) -> Observation:
+    deadline = time.monotonic() + timeout
+    while True:
+        obs = backend.poll([handle])[handle.name]
+        if done(obs):
+            return obs
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{handle} still {obs}")
+        time.sleep(0.3)
+
+
+def sacct_states(job_id: str) -> list[str]:
+    """Every accounting record of the job (requeued runs included), straight from sacct."""
+    out = subprocess.run(["sacct", "-n", "-P", "-X", "-D", "-j", job_id, "-o", "State"], capture_output=True,
+                         text=True, check=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line]
+
+
+def sacct_count_by_name(name: str, workdir: Path | None = None) -> int:
+    """Jobs named `name` in sacct (the last day), only those run in `workdir` when given: each test
+    database starts at job 1, so `shardctl-1-1` recurs across tests; the folder tells them apart."""
+    out = subprocess.run(["sacct", "-n", "-P", "-X", "-S", "now-1days", "-E", "now", "--name", name,
+                          "-o", "JobIDRaw,WorkDir"], capture_output=True, text=True, check=True).stdout
+    rows = [line.split("|") for line in out.splitlines() if line]
+    return len([r for r in rows if workdir is None or r[1] == str(workdir)])
+
+
+@pytest.fixture(scope="session")
+def time_limit_job(backend: SlurmBackend) -> Iterator[Handle]:
+    """A job with a 1-minute limit that sleeps for 5, submitted once per session as early as possible
+    (Slurm enforces limits about every 30 s, so it ends 60-90 s later); its test runs last. It runs in
+    the `urgent` partition, so the preemption tests cannot requeue it (which would restart its clock)."""
+    handle = backend.submit(launch_request(py("import time; print('sleeping', flush=True); time.sleep(300)"),
+                                    nodes=1, time_limit="00:01:00", partition=URGENT))
+    yield handle
+    backend.cancel(handle)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _start_time_limit_job_early(request: pytest.FixtureRequest) -> None:
+    if os.environ.get(SLURM_ENV) and any("test_zz_time_limit" in item.nodeid for item in request.session.items):
+        request.getfixturevalue("time_limit_job")
+
+
+__all__ = ["TERMINAL", "URGENT", "launch_request", "py", "sacct_count_by_name", "sacct_states", "wait_for"]
