@@ -75,3 +75,12 @@ def test_gpu_straggler_is_the_late_rank() -> None:
     assert all(r.timeline_basis == "gpu_kernels" for r in s.ranks.values())
     coll = s.ranks["0"].collectives
     assert coll and all(c.bytes is not None and c.busbw_GBps is not None for c in coll)
+
+
+def test_waiting_for_a_slow_peer_is_not_called_communication_bound(gloo_summary) -> None:  # type: ignore[no-untyped-def]
+    # Rank 1's data loader sleeps; rank 0 sits in all-reduce waiting for it. The run is input-bound:
+    # calling it communication-bound would send the user to the wrong fix.
+    assert gloo_summary.diagnosis.bound == "input"
+    rank0 = gloo_summary.ranks["0"]
+    assert rank0.overlap.waiting_on_peer_us > 0.5 * (rank0.partition.comm_only_us + rank0.partition.comm_memory_us)
+    assert "INPUT" in [r.id for r in gloo_summary.diagnosis.recommendations]
