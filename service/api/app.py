@@ -12,7 +12,7 @@ from sqlalchemy import Engine
 
 from service.api import errors
 from service.api.metrics import make_metrics
-from service.api.routers import health, jobs, plans, teams, tokens
+from service.api.routers import health, jobs, plans, profiles, teams, tokens
 from service.settings import Settings
 from service.store.db import make_engine, make_sessionmaker
 
@@ -42,6 +42,7 @@ def _contains_nul(value: object) -> bool:
     return False
 
 
+TRACE_UPLOAD_BYTES = 64 * 512 * 2**20  # the traces route checks each file as it streams
 LaunchPreview = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any] | None]
 
 
@@ -60,16 +61,17 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.state.metrics = make_metrics(app.state.sessions)
     app.state.launch_preview = launch_preview
     errors.install(app)
-    for module in (health, plans, jobs, teams, tokens):
+    for module in (health, plans, jobs, profiles, teams, tokens):
         app.include_router(module.router)
 
     @app.middleware("http")
     async def _limits_and_latency(request: Request,
                                   call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
-            return errors.error_response(413, "too_large", f"request body over {settings.max_body_bytes} bytes")
-        if await _has_nul(request):
+        limit = TRACE_UPLOAD_BYTES if request.url.path.endswith("/profiles/traces") else settings.max_body_bytes
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            return errors.error_response(413, "too_large", f"request body over {limit} bytes")
+        if not request.url.path.endswith("/profiles/traces") and await _has_nul(request):
             return errors.error_response(422, "validation_error", "NUL characters are not allowed in requests")
         start = time.perf_counter()
         response = await call_next(request)

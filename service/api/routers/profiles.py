@@ -1,0 +1,119 @@
+"""Profile summaries of a job: posted by the runtime, or analysed here from uploaded trace files."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, File, Request, UploadFile
+from pydantic import BaseModel, Field
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.api.deps import Caller, Db
+from service.api.errors import ApiError
+from service.api.routers.jobs import ERRORS, JobId
+from service.profiles import ProfileSummary, TraceError, analyze_traces
+from service.store.jobs import add_measurement, visible_job
+from service.store.models import Job, Measurement
+from service.store.states import add_event
+from service.store.tokens import Principal
+
+router = APIRouter(prefix="/v1/jobs", tags=["profiles"])
+MAX_TRACE_BYTES = 512 * 2**20
+MAX_FILES = 64
+CHUNK = 1 << 20
+
+
+class ProfileOut(BaseModel):
+    at: datetime
+    summary: dict[str, Any]
+
+
+class AnalysisAccepted(BaseModel):
+    upload: str = Field(description="Upload id; the summary appears in GET .../profiles when analysed.")
+    files: int
+    bytes: int
+
+
+def _reporter(principal: Principal) -> None:
+    if principal.role == "member":
+        raise ApiError(403, "forbidden", "only the job's own token (or an admin) posts profiles")
+
+
+@router.post("/{job_id}/profiles", response_model=ProfileOut, status_code=201, responses=ERRORS,
+             summary="Store a ProfileSummary the runtime computed (job token or admin)")
+def post_profile(job_id: JobId, summary: ProfileSummary, principal: Caller, db: Db) -> ProfileOut:
+    _reporter(principal)
+    with db.begin() as session:
+        job = visible_job(session, principal, job_id)
+        row = add_measurement(session, principal, job, "profile", summary.model_dump(mode="json"))
+        return ProfileOut(at=row.at, summary=row.data)
+
+
+@router.post("/{job_id}/profiles/traces", response_model=AnalysisAccepted, status_code=202, responses=ERRORS,
+             summary="Upload one PyTorch trace per rank (plain or gzip JSON); analysed in the background")
+def post_traces(job_id: JobId, principal: Caller, db: Db, request: Request,
+                files: Annotated[list[UploadFile], File(description="One Chrome/Kineto trace per rank.")]
+                ) -> AnalysisAccepted:
+    """Each file is streamed to the data directory (at most 512 MiB each, 64 files); the analysis runs
+    in a background thread and stores its summary, or a `job.profile_failed` event with the reason."""
+    _reporter(principal)
+    with db.begin() as session:
+        visible_job(session, principal, job_id)
+    if not 0 < len(files) <= MAX_FILES:
+        raise ApiError(422, "validation_error", f"send 1 to {MAX_FILES} trace files, one per rank")
+    upload = uuid.uuid4().hex[:12]
+    folder: Path = request.app.state.settings.data_dir / "profiles" / str(job_id) / upload
+    folder.mkdir(parents=True, exist_ok=True)
+    total, paths = 0, []
+    try:
+        for index, item in enumerate(files):
+            suffix = ".json.gz" if (item.filename or "").endswith(".gz") else ".json"
+            path = folder / f"trace-{index}{suffix}"
+            size = 0
+            with path.open("wb") as out:
+                while chunk := item.file.read(CHUNK):
+                    size += len(chunk)
+                    if size > MAX_TRACE_BYTES:
+                        raise ApiError(413, "too_large", f"{item.filename}: over {MAX_TRACE_BYTES} bytes")
+                    out.write(chunk)
+            total += size
+            paths.append(path)
+    except ApiError:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    threading.Thread(target=_analyse, args=(db, principal, job_id, paths, folder), daemon=True,
+                     name=f"profile-{job_id}-{upload}").start()
+    return AnalysisAccepted(upload=upload, files=len(paths), bytes=total)
+
+
+def _analyse(db: sessionmaker[Session], principal: Principal, job_id: int, paths: list[Path], folder: Path) -> None:
+    try:
+        summary = analyze_traces(paths)
+    except TraceError as exc:
+        with db.begin() as session:
+            job = session.get(Job, job_id)
+            if job is not None:
+                add_event(session, job, actor=principal.actor, kind="job.profile_failed", message=str(exc))
+        return
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    with db.begin() as session:
+        job = session.get(Job, job_id)
+        if job is not None:
+            add_measurement(session, principal, job, "profile", summary.model_dump(mode="json"))
+
+
+@router.get("/{job_id}/profiles", response_model=list[ProfileOut], responses=ERRORS,
+            summary="The job's profile summaries, newest first")
+def get_profiles(job_id: JobId, principal: Caller, db: Db) -> list[ProfileOut]:
+    with db.begin() as session:
+        job = visible_job(session, principal, job_id)
+        rows = session.scalars(select(Measurement).where(Measurement.job_id == job.id, Measurement.kind == "profile")
+                               .order_by(Measurement.id.desc()))
+        return [ProfileOut(at=r.at, summary=r.data) for r in rows]

@@ -1,0 +1,68 @@
+"""Profile summaries through the API: posted by the runtime, or analysed from uploaded traces."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from service.profiles import analyze_traces
+from tests.db_fixtures import Env
+from tests.specs import tiny
+
+GLOO = sorted((Path(__file__).parents[1] / "profiles" / "fixtures" / "gloo_ddp").glob("rank-*.json.gz"))
+
+
+def _job(env: Env, team: str = "alpha") -> tuple[int, dict[str, str]]:
+    member = env.headers(env.token("member", team=team))
+    return env.client.post("/v1/jobs", json=tiny(), headers=member).json()["id"], member
+
+
+def test_the_runtimes_summary_is_stored_and_listed(env: Env) -> None:
+    job_id, member = _job(env)
+    job_token = env.headers(env.token("job", job_id=job_id))
+    summary = analyze_traces(GLOO).model_dump(mode="json")
+    r = env.client.post(f"/v1/jobs/{job_id}/profiles", json=summary, headers=job_token)
+    assert r.status_code == 201
+    listed = env.client.get(f"/v1/jobs/{job_id}/profiles", headers=member).json()
+    assert [p["summary"]["diagnosis"]["bound"] for p in listed] == ["input"]
+    assert env.client.post(f"/v1/jobs/{job_id}/profiles", json=summary, headers=member).status_code == 403
+    other = env.headers(env.token("member", team="beta"))
+    assert env.client.get(f"/v1/jobs/{job_id}/profiles", headers=other).status_code == 404
+
+
+def test_a_summary_that_breaks_the_contract_is_422(env: Env) -> None:
+    job_id, _ = _job(env)
+    job_token = env.headers(env.token("job", job_id=job_id))
+    r = env.client.post(f"/v1/jobs/{job_id}/profiles", json={"ranks": "nope"}, headers=job_token)
+    assert r.status_code == 422 and r.json()["error"]["fields"]
+
+
+def _wait_for(env: Env, job_id: int, admin: dict[str, str], kind: str) -> list[dict]:  # type: ignore[type-arg]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        events = env.client.get(f"/v1/jobs/{job_id}/events", headers=admin).json()
+        if any(e["kind"] == kind for e in events):
+            return events  # type: ignore[no-any-return]
+        time.sleep(0.2)
+    raise AssertionError(f"no {kind} event")
+
+
+def test_uploaded_traces_are_analysed_in_the_background(env: Env, admin: dict[str, str]) -> None:
+    job_id, member = _job(env)
+    files = [("files", (p.name, p.read_bytes(), "application/gzip")) for p in GLOO]
+    r = env.client.post(f"/v1/jobs/{job_id}/profiles/traces", files=files, headers=admin)
+    assert r.status_code == 202 and r.json()["files"] == 2
+    _wait_for(env, job_id, admin, "job.profile")
+    (profile,) = env.client.get(f"/v1/jobs/{job_id}/profiles", headers=member).json()
+    assert profile["summary"]["ranks_present"] == [0, 1]
+    assert profile["summary"]["diagnosis"]["bound"] == "input"
+
+
+def test_a_broken_trace_is_reported_as_an_event(env: Env, admin: dict[str, str]) -> None:
+    job_id, _ = _job(env)
+    r = env.client.post(f"/v1/jobs/{job_id}/profiles/traces", headers=admin,
+                        files=[("files", ("rank-0.json.gz", b"\x1f\x8b\x08\x00truncated", "application/gzip"))])
+    assert r.status_code == 202
+    failed = [e for e in _wait_for(env, job_id, admin, "job.profile_failed") if e["kind"] == "job.profile_failed"]
+    assert "gzip" in failed[0]["message"].lower() or "truncated" in failed[0]["message"].lower()
+    assert env.client.get(f"/v1/jobs/{job_id}/profiles", headers=admin).json() == []
