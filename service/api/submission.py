@@ -18,15 +18,21 @@ MAX_KEY = 200
 PLAN_CACHE = 512
 
 
+# The fields a plan depends on; the name is copied in afterwards, the rest does not matter to it.
+PLANNED = {"model", "training", "resources", "layout"}
+
+
 @lru_cache(maxsize=PLAN_CACHE)
 def _plan_json(spec_json: str) -> Plan:
     return plan(TrainingSpec.model_validate_json(spec_json))
 
 
 def cached_plan(spec: TrainingSpec) -> Plan:
-    """`plan(spec)`, remembered for the last few hundred distinct specs (planning is pure and costs
-    milliseconds; teams resubmit the same spec). Callers must not mutate the result."""
-    return _plan_json(spec.model_dump_json())
+    """`plan(spec)`, remembered for the last few hundred distinct model/training/resources/layout
+    combinations (planning is pure and costs milliseconds; teams resubmit the same run under new
+    names). Callers must not mutate the result."""
+    keyed = TrainingSpec.model_validate({"name": "cached", **spec.model_dump(include=PLANNED)})
+    return _plan_json(keyed.model_dump_json()).model_copy(update={"name": spec.name})
 
 
 def submit(db: sessionmaker[Session], principal: Principal, spec: TrainingSpec,

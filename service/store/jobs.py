@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload, undefer
 
 from service.store.models import Event, IdempotencyKey, Job, Measurement, Team
 from service.store.states import TERMINAL, JobStatus, add_event, transition
@@ -85,9 +85,13 @@ def layout_line(plan: dict[str, Any]) -> str:
     return " ".join(parts)[:200]
 
 
-def visible_job(session: Session, principal: Principal, job_id: int, *, for_update: bool = False) -> Job:
-    """The job if the principal may see it, else `NotFound` (never 'forbidden': that would leak it)."""
+def visible_job(session: Session, principal: Principal, job_id: int, *, for_update: bool = False,
+                detail: bool = False) -> Job:
+    """The job if the principal may see it, else `NotFound` (never 'forbidden': that would leak it).
+    `detail` loads the spec, the plan and the attempts in the same round trips."""
     stmt = select(Job).where(Job.id == job_id)
+    if detail:
+        stmt = stmt.options(undefer(Job.spec), undefer(Job.plan), selectinload(Job.attempts))
     if for_update:
         stmt = stmt.with_for_update()
     job = session.scalar(stmt)

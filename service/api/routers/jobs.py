@@ -39,7 +39,7 @@ def create_job(spec: TrainingSpec, principal: Person, db: Db, request: Request, 
     again; 409 when the key comes with a different body; 422 when no layout fits."""
     job_id, created = submit(db, principal, spec, idempotency_key)
     with db.begin() as session:
-        out = job_out(session, visible_job(session, principal, job_id))
+        out = job_out(session, visible_job(session, principal, job_id, detail=True))
     if created:
         request.app.state.metrics.submissions.labels(team=out.team).inc()
     else:
@@ -66,7 +66,7 @@ def get_jobs(principal: Caller, db: Db,
 @router.get("/{job_id}", response_model=JobOut, responses=ERRORS)
 def get_job(job_id: JobId, principal: Caller, db: Db) -> JobOut:
     with db.begin() as session:
-        return job_out(session, visible_job(session, principal, job_id))
+        return job_out(session, visible_job(session, principal, job_id, detail=True))
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, responses=ERRORS)
