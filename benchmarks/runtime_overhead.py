@@ -1,11 +1,14 @@
 """Step time of the runtime (`apply_plan(...).train_step`) next to hand-written DDP and FSDP2 loops.
 
-Same model (the reference decoder), same data, same optimizer, same process group; each variant
-runs `--warmup` untimed steps and then `--steps` timed ones, and the table prints median step
-times and the ratio runtime / hand-written (goal: within 3%). A last row times the runtime's
-profiler window (warm-up + recorded steps, with trace export) against unprofiled steps.
+Same model (the reference decoder), same data, same optimizer, same process group. The runtime
+and its hand-written counterpart are timed interleaved: `--warmup` untimed rounds, then `--steps`
+rounds of one step each, alternating which goes first, with a barrier before every step. A busy
+or noisy machine then slows both alike, instead of whichever block of steps it happened to hit.
+The table prints median step times and the ratio runtime / hand-written (goal: within 3%). A last
+row times the runtime's profiler window (warm-up + recorded steps, with trace export) against
+unprofiled steps.
 
-    .venv/bin/python benchmarks/runtime_overhead.py [--nproc 2] [--steps 10] [--model tiny|llama-tiny]
+    .venv/bin/python benchmarks/runtime_overhead.py [--nproc 2] [--steps 100] [--model tiny|llama-tiny]
 
 The script launches itself under torchrun; `--worker` is the per-rank entry.
 """
@@ -32,7 +35,8 @@ MODELS: dict[str, dict[str, object]] = {
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nproc", type=int, default=2)
-    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--steps", type=int, default=100, help="timed rounds per pair (2 cores, loaded: 100+)")
+    p.add_argument("--profile-steps", type=int, default=10, help="steps of the profiled-window row")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--micro-batch", type=int, default=4)
     p.add_argument("--model", choices=sorted(MODELS), default="tiny")
@@ -74,19 +78,22 @@ def worker(args: argparse.Namespace) -> None:
         torch.manual_seed(0)
         return Decoder(DecoderConfig.from_shape(shape)).to(device)
 
-    def timed(step: Callable[[], None], n: int) -> float:
-        for _ in range(args.warmup):
-            step()
-        times = []
-        for _ in range(n):
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            step()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+    def timed(variants: dict[str, Callable[[], None]], n: int) -> dict[str, float]:
+        """Median step time of each variant, the variants' steps interleaved (see the docstring)."""
+        times: dict[str, list[float]] = {k: [] for k in variants}
+        order = list(variants.items())
+        for i in range(args.warmup + n):
+            for name, step in (order if i % 2 == 0 else order[::-1]):
+                dist.barrier()
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                step()
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                if i >= args.warmup:
+                    times[name].append(time.perf_counter() - t0)
+        return {k: statistics.median(v) for k, v in times.items()}
 
     def hand(model: torch.nn.Module) -> Callable[[], None]:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
@@ -107,7 +114,6 @@ def worker(args: argparse.Namespace) -> None:
         def runtime_step(a: Any = applied) -> None:
             a.train_step(x, y)
 
-        results[f"runtime {sharding}"] = timed(runtime_step, args.steps)
         if sharding == "ddp":
             ids = [device.index] if device.type == "cuda" else None
             hand_model: torch.nn.Module = DistributedDataParallel(fresh(), device_ids=ids,
@@ -118,23 +124,24 @@ def worker(args: argparse.Namespace) -> None:
                 if isinstance(block, Block):
                     fully_shard(block)
             fully_shard(hand_model)
-        results[f"hand {sharding}"] = timed(hand(hand_model), args.steps)
+        results.update(timed({f"runtime {sharding}": runtime_step, f"hand {sharding}": hand(hand_model)},
+                             args.steps))
         if sharding == "ddp":
             with tempfile.TemporaryDirectory() as tmp:
-                window = ProfileWindow(Path(tmp), rank, device, enabled=True, wait=0, warmup=1,
-                                       active=args.steps - 1)
+                n = args.profile_steps
+                window = ProfileWindow(Path(tmp), rank, device, enabled=True, wait=0, warmup=1, active=n - 1)
                 t0 = time.perf_counter()
                 with window.context():
-                    for _ in range(args.steps):
+                    for _ in range(n):
                         applied.train_step(x, y)
                         window.step()
-                results["runtime ddp, profiled window (mean)"] = (time.perf_counter() - t0) / args.steps
+                results["runtime ddp, profiled window (mean)"] = (time.perf_counter() - t0) / n
     gathered: list[dict[str, float] | None] = [None] * world
     dist.all_gather_object(gathered, results)
     if rank == 0:
         slowest = {k: max(r[k] for r in gathered if r) for k in results}
         print(f"{world} ranks, {args.model} ({shape.total_params / 1e6:.2f}M params), micro-batch"
-              f" {args.micro_batch}, {args.steps} timed steps, slowest rank's median step")
+              f" {args.micro_batch}, {args.steps} interleaved timed steps, slowest rank's median step")
         print(f"{'variant':40} {'step ms':>9} {'ratio':>8}")
         for k, v in slowest.items():
             base = {"runtime ddp": "hand ddp", "runtime fsdp": "hand fsdp",

@@ -85,8 +85,8 @@ CATALOG: dict[str, GpuType] = {
         # Worker processes on CPU cores, talking gloo: for the embedded default, demos and tests.
         # `memory_gib` is the node's RAM, shared by its processes; peaks are per process, set from the
         # runtime's measured step time of examples/tiny-cpu.yaml on a 2-core VM (fp32 matmul).
-        _gpu("cpu", 16, {"fp32": 0.13, "bf16": 0.06}, hbm_gbps=10, intra_node_gbps=2, inter_node_gbps=1.25,
-             pcie_gbps=1000, matmul_efficiency=0.5, cpu_memory_gib=16, runtime_base_gib=0.35,
+        _gpu("cpu", 16, {"fp32": 0.13, "bf16": 0.06, "fp16": 0.06}, hbm_gbps=10, intra_node_gbps=2,
+             inter_node_gbps=1.25, pcie_gbps=1000, matmul_efficiency=0.5, cpu_memory_gib=16, runtime_base_gib=0.35,
              communicator_gib=0.01, memory_shared_per_node=True, latency_intra_s=30e-6,
              latency_inter_s=100e-6, launch_overhead_s=20e-6, comm_library="gloo"),
     )

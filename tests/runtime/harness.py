@@ -22,11 +22,12 @@ TINY_MODEL: dict[str, Any] = {"layers": 4, "hidden": 64, "heads": 4, "kv_heads":
                               "vocab": 256, "seq_len": 32}
 
 
-def spec_dict(world: int, *, global_batch: int = 8, precision: str = "fp32", steps: int = 4) -> dict[str, Any]:
+def spec_dict(world: int, *, global_batch: int = 8, precision: str = "fp32", steps: int = 4,
+              gpu: str = "cpu") -> dict[str, Any]:
     return {"name": "runtime-test", "model": dict(TINY_MODEL),
             "training": {"global_batch": global_batch, "precision": precision, "optimizer": "adamw",
                          "steps": steps, "activation_checkpointing": "auto"},
-            "resources": {"gpu": "cpu", "gpus_per_node": world, "nodes": 1}}
+            "resources": {"gpu": gpu, "gpus_per_node": world, "nodes": 1}}
 
 
 def layout(*, sharding: str = "ddp", dp: int = 1, tp: int = 1, pp: int = 1, dp_shard: int | None = None,
@@ -49,10 +50,13 @@ class Case:
     world: int
 
 
-def make_case(tmp: Path, lay: Layout, *, precision: str = "fp32", steps: int = 4) -> Case:
+def make_case(tmp: Path, lay: Layout, *, precision: str = "fp32", steps: int = 4, gpu: str = "cpu") -> Case:
+    """A plan (and spec) for `lay`. `gpu` names the hardware the plan is made for; the runtime still
+    runs on CPU (the planner refuses fp16 for `gpu: cpu`, so fp16 cases plan for a GPU)."""
     world = lay.world_size
     gb = lay.dp * lay.micro_batch * lay.grad_accum_steps
-    spec = TrainingSpec.model_validate(spec_dict(world, global_batch=gb, precision=precision, steps=steps))
+    spec = TrainingSpec.model_validate(spec_dict(world, global_batch=gb, precision=precision, steps=steps,
+                                                     gpu=gpu))
     plan = estimate(spec, lay)
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "plan.json").write_text(plan.model_dump_json(indent=2))

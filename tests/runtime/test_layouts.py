@@ -32,6 +32,8 @@ FAMILIES: list[Any] = [
     pytest.param(layout(sharding="fsdp", tp=2, sp=True, micro_batch=8), id="tp2-sp"),
     pytest.param(layout(sharding="ddp", pp=2, micro_batch=2, accum=4, schedule="1f1b", ac="full"),
                  id="pp2-1f1b-full"),
+    pytest.param(layout(sharding="ddp", pp=2, micro_batch=2, accum=4, schedule="interleaved", virtual_stages=2),
+                 id="pp2-interleaved-v2"),
     pytest.param(layout(sharding="ddp", dp=4, micro_batch=1, accum=2, ac="selective"), id="ddp4-accum-sel",
                  marks=pytest.mark.slow),
     pytest.param(layout(sharding="zero1", dp=4, micro_batch=1, accum=2), id="zero1-4-accum",
@@ -49,13 +51,17 @@ FAMILIES: list[Any] = [
 ]
 
 
-def predicted_states(case_layout: Any, coords: dict[str, int]) -> tuple[float, float, float]:
-    """The planner's params/grads/optimizer bytes for the rank at `coords` (its pipeline stage)."""
+def predicted_states(case_layout: Any, coords: dict[str, int], precision: Any = "fp32") -> tuple[float, float, float]:
+    """The planner's params/grads/optimizer bytes for the rank at `coords` (its pipeline stage).
+
+    With interleaved stages a rank holds v chunks; the planner counts ceil(L/pp) layers per rank
+    plus the embedding on rank 0 and the head on the last rank, which is what the chunks add up
+    to when pp*v divides the layers."""
     shape = resolve_model(ModelSpec.model_validate(TINY_MODEL))
     stages = stage_params(shape, case_layout)
     last = coords.get("pp", 0) == case_layout.pp - 1
     psi = stages.last if last else stages.first
-    st = model_state_bytes(psi, stages.largest_unit, case_layout, "fp32", "adamw")
+    st = model_state_bytes(psi, stages.largest_unit, case_layout, precision, "adamw")
     return st.params, st.grads, st.optimizer
 
 

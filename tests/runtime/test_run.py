@@ -98,6 +98,24 @@ def test_preempted_attempt_resumes_from_its_checkpoint_even_when_the_api_is_unre
     assert stopped["losses"] + resumed["losses"] == pytest.approx(ref, abs=5e-5)
 
 
+@pytest.mark.slow
+def test_an_interleaved_pipeline_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    """Pipeline ranks hold different parameters, so their optimizer param groups differ: each stage
+    must get its own back (unflattened, DCP kept one rank's copy and the other stage failed with
+    KeyError: 'betas' on its first step after resuming)."""
+    lay = layout(sharding="ddp", pp=2, micro_batch=2, accum=2, schedule="interleaved", virtual_stages=2)
+    case = make_case(tmp_path, lay, steps=4)
+    first = torchrun(case, "--no-profile", "--stop-after", "2", timeout=240)
+    assert first.returncode != 0
+    stopped = report(case)
+    assert stopped["status"] == "stopped", stopped.get("error")
+    second = torchrun(case, "--no-profile", timeout=240)
+    assert second.returncode == 0, second.stderr[-4000:]
+    resumed = report(case)
+    assert resumed["status"] == "succeeded" and resumed["start_step"] == 2
+    assert stopped["losses"] + resumed["losses"] == pytest.approx(reference_losses(4, 4), abs=5e-5)
+
+
 def test_a_raising_rank_fails_the_job_with_its_error_in_the_report(tmp_path: Path, api: Any) -> None:
     url, posts = api
     case = make_case(tmp_path, layout(sharding="ddp", dp=2, micro_batch=4), steps=4)

@@ -16,12 +16,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from workers.runtime.parallelize import Applied
+
+# Flat optimizer state: `param_groups` become per-parameter entries keyed by FQN. Unflattened, the
+# `optim.param_groups` list has the same key on every rank, so DCP saves one rank's copy; under
+# pipeline parallelism the ranks hold different parameters, and every other stage would load
+# param groups that name none of its parameters (found resuming an interleaved 1F1B run).
+OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 def _module(applied: Applied) -> nn.Module:
@@ -32,7 +38,7 @@ def _state(applied: Applied) -> dict[str, Any]:
     model = _module(applied)
     if isinstance(applied.optimizer, ZeroRedundancyOptimizer):
         return {"model": get_state_dict(model, [])[0]}
-    model_sd, optim_sd = get_state_dict(model, applied.optimizer)
+    model_sd, optim_sd = get_state_dict(model, applied.optimizer, options=OPTIONS)
     return {"model": model_sd, "optim": optim_sd}
 
 
@@ -74,5 +80,6 @@ def load(root: Path, applied: Applied) -> int:
         local = torch.load(path / f"zero1-rank{dist.get_rank()}.pt", weights_only=False)
         applied.optimizer.optim.load_state_dict(local)
     else:
-        set_state_dict(model, applied.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(model, applied.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=OPTIONS)
     return step

@@ -15,8 +15,9 @@ uses it too. What each layout field becomes:
 - activation_checkpointing: `selective` checkpoints the attention core of each block, `full` each
   block (non-reentrant `torch.utils.checkpoint`).
 - precision: fp32 nothing; bf16 FSDP2 `MixedPrecisionPolicy` (params bf16, reduce per
-  `plan.precision.reduce`) or autocast; fp16 the same plus a gradient scaler (`ShardedGradScaler`
-  under FSDP).
+  `plan.precision.reduce`) where FSDP2 wrapped the model, else autocast; fp16 the same plus a
+  gradient scaler (`ShardedGradScaler` under FSDP2, else `torch.amp.GradScaler`). Parameters,
+  gradients and optimizer state stay fp32. All of it works on CPU with torch 2.13.
 - grad_accum_steps: micro-steps per optimizer step, gradient sync only on the last (DDP
   `no_sync`, FSDP2 `set_requires_gradient_sync`).
 
@@ -113,6 +114,8 @@ class Applied:
     has_first_stage: bool = True
     has_last_stage: bool = True
     _hooks: list[Any] = field(default_factory=list)
+    _fsdp: bool = field(init=False, default=False)
+    _autocast_dtype: torch.dtype | None = field(init=False, default=None)
 
     @property
     def model(self) -> nn.Module:
@@ -123,10 +126,18 @@ class Applied:
         for part in self.parts:
             yield from part.parameters()
 
+    def __post_init__(self) -> None:
+        # Decided once, not per step. FSDP2 casts parameters itself (MixedPrecisionPolicy); every
+        # part that FSDP2 did not wrap (DDP, zero1, and an FSDP sharding with dp == 1, e.g. TP or
+        # PP alone) needs autocast, or a bf16/fp16 plan would silently train in fp32.
+        self._fsdp = any(isinstance(p, FSDPModule) for p in self.parts)
+        self._autocast_dtype = (DTYPES[self.precision]
+                                if self.precision in ("bf16", "fp16") and not self._fsdp else None)
+
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """Autocast for layouts that are not FSDP2 (FSDP2 casts parameters itself)."""
-        if self.precision in ("bf16", "fp16") and self.layout.sharding not in FSDP_SHARDINGS:
-            return torch.autocast(self.device.type, dtype=DTYPES[self.precision])
+        """Autocast where FSDP2 does not do the casting (see `__post_init__`), else a no-op."""
+        if self._autocast_dtype is not None:
+            return torch.autocast(self.device.type, dtype=self._autocast_dtype)
         return contextlib.nullcontext()
 
     @contextlib.contextmanager
@@ -153,6 +164,14 @@ class Applied:
         if self.schedule is not None:
             return self._pipeline_step(inputs, targets)
         accum = self.layout.grad_accum_steps
+        if accum == 1:
+            # The common case, kept as lean as a hand-written loop: no chunking, no loss scaling
+            # by 1/accum, no sync toggling (gradients sync by default).
+            with self.autocast():
+                loss = self.loss_fn(self.model(inputs), targets)
+            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            self._optimizer_step()
+            return float(loss.detach())
         xs, ys = inputs.chunk(accum), targets.chunk(accum)
         total = torch.zeros((), device=self.device)
         for k in range(accum):
@@ -275,7 +294,12 @@ def apply_data_parallel(model: nn.Module, mesh: Mesh, layout: Layout, plan: Plan
         reshard = layout.sharding != "zero2"
         for block in blocks:
             fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
-        fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
+        # The root (embedding, final norm, output layer) is used last in forward and first in
+        # backward: resharding it in between only buys one more all-gather per step (the root is
+        # gathered again at once and stays so until its post-backward at the end). FSDP2's default
+        # for a root is therefore False; under pipelining several micro-batches' forwards sit
+        # between, so it keeps the layout's resharding there.
+        fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard and layout.pp > 1, mp_policy=mp)
         return model
     if not mesh.has("dp"):
         return model
@@ -284,8 +308,12 @@ def apply_data_parallel(model: nn.Module, mesh: Mesh, layout: Layout, plan: Plan
     # first-iteration bucket rebuild then records every parameter twice and fails an internal
     # assert (reducer.cpp "rebuilt parameter indices size is not same"). find_unused_parameters
     # turns the rebuild off; it costs one graph traversal per backward.
+    # The reference decoder's only buffers are its constant rotary tables: broadcasting them from
+    # rank 0 before every forward (DDP's default) is one collective per step for nothing. Other
+    # models keep the default, since their buffers may be state (e.g. BatchNorm statistics).
     return DistributedDataParallel(model, device_ids=ids, process_group=mesh.group("dp"),
-                                   gradient_as_bucket_view=True, find_unused_parameters=layout.pp > 1)
+                                   gradient_as_bucket_view=True, find_unused_parameters=layout.pp > 1,
+                                   forward_sync_buffers=not isinstance(model, Decoder))
 
 
 def make_optimizer(params: list[nn.Parameter], name: str, lr: float, layout: Layout,
@@ -308,10 +336,11 @@ def make_optimizer(params: list[nn.Parameter], name: str, lr: float, layout: Lay
     return cls(params, **kwargs)
 
 
-def _make_scaler(precision: str, layout: Layout, device: torch.device) -> Any:
+def _make_scaler(precision: str, parts: list[nn.Module], device: torch.device) -> Any:
+    """fp16's loss scaler: `ShardedGradScaler` when FSDP2 wrapped the model, else `torch.amp.GradScaler`."""
     if precision != "fp16":
         return None
-    if layout.sharding in FSDP_SHARDINGS:
+    if any(isinstance(p, FSDPModule) for p in parts):
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
         return ShardedGradScaler(device=device.type)
@@ -378,7 +407,7 @@ def apply_plan(model: nn.Module, plan: Plan, mesh: Mesh, *, device: torch.device
         opt = make_optimizer(params, optimizer_name, lr, layout, mesh)
 
     applied = Applied(parts=wrapped, optimizer=opt, mesh=mesh, layout=layout, device=device, precision=precision,
-                      loss_fn=loss_fn, scaler=_make_scaler(precision, layout, device))
+                      loss_fn=loss_fn, scaler=_make_scaler(precision, wrapped, device))
     if layout.pp > 1:
         group = mesh.group("pp")
         stages: list[_PipelineStageBase] = [PipelineStage(part, sid, total, device, group=group)

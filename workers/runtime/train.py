@@ -63,11 +63,18 @@ class Watchdog:
                 self._on_expire()
 
 
-def _global_loss(loss: float | None, device: torch.device) -> float:
-    """Mean over the ranks that computed a loss (last pipeline stage; every dp/tp rank)."""
-    t = torch.tensor([loss or 0.0, 1.0 if loss is not None else 0.0], dtype=torch.float64, device=device)
+def _global_losses(losses: list[float | None], device: torch.device) -> list[float]:
+    """Per step, the mean over the ranks that computed a loss (last pipeline stage; every dp/tp rank).
+
+    One all-reduce for all the given steps: the trainer calls it at heartbeats and once at the
+    end, not after every step. Collective: every rank must call it with as many steps.
+    """
+    if not losses:
+        return []
+    t = torch.tensor([[x or 0.0, 1.0 if x is not None else 0.0] for x in losses], dtype=torch.float64,
+                     device=device)
     dist.all_reduce(t)
-    return float(t[0] / t[1]) if t[1] > 0 else float("nan")
+    return [float(s / n) if n > 0 else float("nan") for s, n in t.tolist()]
 
 
 def _coords(mesh: Mesh) -> dict[str, int]:
@@ -138,7 +145,7 @@ def _train(cfg: RunConfig, out: Path, device: torch.device, rank: int, reporter:
         tracker.source = "unavailable: MemTracker supports neither pipelining nor gradient accumulation"
     window = ProfileWindow(out, rank, device, enabled=opts.profile, wait=opts.profile_wait,
                            warmup=opts.profile_warmup, active=opts.profile_active)
-    losses: list[float] = []
+    local_losses: list[float | None] = []
     times: list[tuple[int, float]] = []
     states: StateBytes | None = None
     status = "succeeded"
@@ -159,12 +166,15 @@ def _train(cfg: RunConfig, out: Path, device: torch.device, rank: int, reporter:
             times.append((k, time.perf_counter() - t0))
             window.step()
             watchdog.touch()
-            losses.append(_global_loss(loss, device))
+            local_losses.append(loss)
             if step == steps - 1 or (opts.stop_after is not None and step + 1 == opts.stop_after):
                 states = state_bytes(applied.parameters(), applied.optimizer)
-            if rank == 0 and opts.heartbeat_every and (step + 1) % opts.heartbeat_every == 0:
-                reporter.post("heartbeat", {"step": step + 1, "loss": losses[-1],
-                                            "tokens_per_s": tokens_per_step / times[-1][1]})
+            if opts.heartbeat_every and (step + 1) % opts.heartbeat_every == 0:
+                # Every rank joins this step's loss all-reduce; rank 0 posts.
+                beat_loss = _global_losses([loss], device)[0]
+                if rank == 0:
+                    reporter.post("heartbeat", {"step": step + 1, "loss": beat_loss,
+                                                "tokens_per_s": tokens_per_step / times[-1][1]})
             done = step + 1
             if opts.checkpoint_every and done % opts.checkpoint_every == 0 and done < steps:
                 checkpoint.save(ckpt_root, done, applied)
@@ -174,6 +184,7 @@ def _train(cfg: RunConfig, out: Path, device: torch.device, rank: int, reporter:
                 status = "stopped"
                 break
     tracker.finish()
+    losses = _global_losses(local_losses, device)
     if states is None:
         states = state_bytes(applied.parameters(), applied.optimizer)
     clean = [t for k, t in times if k != 0 and k != track_k and not window.in_window(k)]
