@@ -84,3 +84,19 @@ def test_waiting_for_a_slow_peer_is_not_called_communication_bound(gloo_summary)
     rank0 = gloo_summary.ranks["0"]
     assert rank0.overlap.waiting_on_peer_us > 0.5 * (rank0.partition.comm_only_us + rank0.partition.comm_memory_us)
     assert "INPUT" in [r.id for r in gloo_summary.diagnosis.recommendations]
+
+
+def test_traces_written_by_the_runtime_are_analysed() -> None:
+    # Two gloo ranks of the shardctl runtime under a DDP plan (see fixtures/runtime_ddp/README.md).
+    summary = analyze_traces(sorted((FIXTURES / "runtime_ddp").glob("rank-*.json.gz")))
+    assert summary.ranks_present == [0, 1] and summary.backend == "gloo"
+    for rank in summary.ranks.values():
+        p = rank.partition
+        parts = (p.compute_only_us + p.comm_only_us + p.memory_only_us + p.compute_comm_us + p.compute_memory_us
+                 + p.comm_memory_us + p.compute_comm_memory_us + p.idle_us)
+        assert abs(parts - p.window_us) <= 1e-6 * p.window_us
+        (all_reduce,) = [c for c in rank.collectives if c.op == "all_reduce"]
+        # DDP's gradient buckets (a 1 MiB first bucket, then the rest of 10 MB of fp32 gradients):
+        # two all-reduces in every analysed step.
+        assert all_reduce.count == 2 * len(rank.steps_analyzed) and all_reduce.group_size == 2
+    assert summary.diagnosis.bound == "compute"  # a tiny model on CPU cores: the matmuls dominate
