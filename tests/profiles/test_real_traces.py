@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from service.planner.models import resolve_model
 from service.profiles import analyze_traces
+from service.spec import ModelSpec
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -96,7 +98,10 @@ def test_traces_written_by_the_runtime_are_analysed() -> None:
                  + p.comm_memory_us + p.compute_comm_memory_us + p.idle_us)
         assert abs(parts - p.window_us) <= 1e-6 * p.window_us
         (all_reduce,) = [c for c in rank.collectives if c.op == "all_reduce"]
-        # DDP's gradient buckets (a 1 MiB first bucket, then the rest of 10 MB of fp32 gradients):
-        # two all-reduces in every analysed step.
+        # DDP all-reduces every fp32 gradient once per step, in two buckets: the bytes the trace
+        # carries are exactly 4 x the model's parameters (the planner's count) per analysed step.
+        params = resolve_model(ModelSpec(preset="llama-tiny")).total_params
         assert all_reduce.count == 2 * len(rank.steps_analyzed) and all_reduce.group_size == 2
+        assert all_reduce.bytes == 4 * params * len(rank.steps_analyzed)
+        assert all_reduce.algbw_GBps is not None and all_reduce.algbw_GBps > 0
     assert summary.diagnosis.bound == "compute"  # a tiny model on CPU cores: the matmuls dominate

@@ -33,9 +33,10 @@ class ProfileWindow:
         activities = [ProfilerActivity.CPU]
         if device.type == "cuda":
             activities.append(ProfilerActivity.CUDA)
+        # record_shapes: collectives then carry their sizes, so the summary has bytes and bandwidth.
         self._prof = profile(activities=activities,
                              schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
-                             on_trace_ready=self._export)
+                             record_shapes=True, on_trace_ready=self._export)
 
     def _export(self, prof: Any) -> None:
         prof.export_chrome_trace(str(self.path))
