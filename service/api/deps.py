@@ -9,7 +9,6 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.api.errors import ApiError
-from service.settings import Settings
 from service.store.tokens import Principal, authenticate
 
 bearer = HTTPBearer(auto_error=False, description="A shardctl token: shc_<id>_<secret>.")
@@ -18,11 +17,6 @@ bearer = HTTPBearer(auto_error=False, description="A shardctl token: shc_<id>_<s
 def get_db(request: Request) -> sessionmaker[Session]:
     factory: sessionmaker[Session] = request.app.state.sessions
     return factory
-
-
-def get_settings(request: Request) -> Settings:
-    settings: Settings = request.app.state.settings
-    return settings
 
 
 Db = Annotated[sessionmaker[Session], Depends(get_db)]

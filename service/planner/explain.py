@@ -3,14 +3,12 @@ and what to watch out for."""
 
 from __future__ import annotations
 
-from service.planner.hardware import GIB
+from service.planner.hardware import GB, GIB
 from service.planner.layout import Layout
 from service.planner.memory import Memory, memory
 from service.planner.search import Context
 from service.planner.timing import StepTime
 from service.spec import Sharding
-
-_GB = 1e9
 
 
 def gib(n: float) -> str:
@@ -39,15 +37,15 @@ def rubric(ctx: Context) -> str:
         states[label] = model_states
         if mem.total <= limit:
             if sharding == "ddp":
-                return (f"DDP fits: every GPU holds the full model states ({model_states / _GB:.1f} GB)"
+                return (f"DDP fits: every GPU holds the full model states ({model_states / GB:.1f} GB)"
                         f" and still has room for activations within {gib(limit)}.")
-            return (f"DDP does not fit (model states {states['DDP'] / _GB:.1f} GB per GPU against"
-                    f" {gib(limit)}); {label} is the first level that fits, with {model_states / _GB:.1f} GB"
+            return (f"DDP does not fit (model states {states['DDP'] / GB:.1f} GB per GPU against"
+                    f" {gib(limit)}); {label} is the first level that fits, with {model_states / GB:.1f} GB"
                     f" of model state per GPU ({gib(mem.total)} in all at micro-batch 1 with full"
                     " checkpointing).")
     return (f"Needs tensor or pipeline parallelism (or offload): even fully sharded over {world} GPUs"
-            f" the model states take {states['ZeRO-3/FSDP'] / _GB:.1f} GB per GPU plus activations,"
-            f" against {gib(limit)} (DDP would need {states['DDP'] / _GB:.1f} GB).")
+            f" the model states take {states['ZeRO-3/FSDP'] / GB:.1f} GB per GPU plus activations,"
+            f" against {gib(limit)} (DDP would need {states['DDP'] / GB:.1f} GB).")
 
 
 _PARTS = ("compute_s", "recompute_s", "comm_exposed_s", "bubble_s", "optimizer_s", "offload_s")

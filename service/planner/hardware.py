@@ -20,7 +20,6 @@ from service.spec import Precision, Resources
 
 GIB = 1024**3
 GB = 10**9
-TFLOPS = 10**12
 
 
 class GpuType(BaseModel):

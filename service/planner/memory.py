@@ -42,18 +42,18 @@ def compute_param_bytes(precision: Precision) -> int:
     return 4 if precision == "fp32" else 2
 
 
+def layers_per_stage(shape: ModelShape, pp: int) -> int:
+    """Layers on the busiest pipeline stage: ceil(layers / pp)."""
+    return math.ceil(shape.layers / pp)
+
+
 @dataclass(frozen=True, slots=True)
 class StageParams:
     """Local parameter counts (elements) on one rank: after TP splits and PP stage assignment."""
 
     first: float
     last: float
-    layers_on_stage: int
     largest_unit: float
-
-    @property
-    def most_loaded(self) -> float:
-        return max(self.first, self.last)
 
 
 def stage_params(shape: ModelShape, layout: Layout) -> StageParams:
@@ -65,7 +65,7 @@ def stage_params(shape: ModelShape, layout: Layout) -> StageParams:
     """
     t, p = layout.tp, layout.pp
     per_layer = shape.layer_matmul_params / t + shape.layer_norm_params
-    layers = math.ceil(shape.layers / p)
+    layers = layers_per_stage(shape, p)
     embedding = shape.embedding_params / t
     output = shape.output_params / t
     if shape.tied_embeddings and p > 1:
@@ -75,7 +75,7 @@ def stage_params(shape: ModelShape, layout: Layout) -> StageParams:
     first = body + embedding + (head if p == 1 else 0.0)
     last = body + head + (embedding if p == 1 else 0.0)
     largest = max(per_layer, embedding, output)
-    return StageParams(first=first, last=last, layers_on_stage=layers, largest_unit=largest)
+    return StageParams(first=first, last=last, largest_unit=largest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,7 +258,7 @@ def activation_memory(shape: ModelShape, layout: Layout, *, precision: Precision
                       attention: str) -> ActivationMemory:
     seq_local = shape.seq_len // layout.cp
     b = layout.micro_batch
-    layers = math.ceil(shape.layers / layout.pp)
+    layers = layers_per_stage(shape, layout.pp)
 
     def layer_bytes(checkpointing: str) -> float:
         return layer_activation_bytes(

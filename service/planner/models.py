@@ -99,11 +99,6 @@ class ModelShape(Architecture):
                 + self.final_norm_params)
 
     @property
-    def largest_unit_params(self) -> float:
-        """The largest unit FSDP gathers at once: a block, the embedding or the output layer."""
-        return max(self.layer_params, self.embedding_params, self.output_params)
-
-    @property
     def matmul_params(self) -> float:
         """Parameters that take part in a matmul per token: every layer plus the output layer.
 

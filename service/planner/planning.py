@@ -185,7 +185,8 @@ def _assemble(ctx: Context, cand: Candidate, result: SearchResult | None, *,
                 step_s=other.time.step_s, tokens_per_s=tokens / other.time.step_s,
                 mfu=flops / (other.time.step_s * cl.world_size * peak), why_not=why_slower(t, other.time)))
         rejected = Rejected(invalid=result.invalid, out_of_memory=result.out_of_memory,
-                            dominated=result.dominated, slower=max(0, result.fitting - (1 if cand.fits else 0)))
+                            dominated=result.dominated,
+                            slower=max(0, result.fitting - (1 if cand.fits else 0)) + result.pruned)
     cpu_limit = int(cl.cpu_memory_gib * 2**30) if mem.cpu_per_node else None
     return Plan(
         name=spec.name, fits=cand.fits, model=shape.name, model_params=int(shape.total_params),

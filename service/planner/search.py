@@ -116,7 +116,7 @@ class SearchResult:
     out_of_memory: int = 0
     dominated: int = 0
     fitting: int = 0
-    pruned: int = 0
+    pruned: int = 0  # skipped whole at one micro-batch: compute alone is too slow (never fit-checked)
     pruned_dimensions: set[tuple[str, object]] = field(default_factory=set)
     evaluated: int = 0
     invalid_reasons: dict[str, int] = field(default_factory=dict)
@@ -398,7 +398,6 @@ def search(ctx: Context, pins: LayoutPins | None = None, *, timed: bool = True,
                                 fwd = _forward(ctx, forwards, dp, tp, pp, cp, sp, b)
                                 if result.best is not None and _time_floor(fwd, layout, ctx.attention) > (
                                         PRUNE_FACTOR * result.best.step_s):
-                                    result.pruned += 1
                                     for dim in DIMENSIONS:
                                         result.pruned_dimensions.add((dim, getattr(layout, dim)))
                                     continue

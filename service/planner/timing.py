@@ -22,6 +22,7 @@ from service.planner.memory import (
     activation_element_bytes,
     compute_param_bytes,
     layer_activation_bytes,
+    layers_per_stage,
     stage_params,
 )
 from service.planner.models import ModelShape
@@ -145,7 +146,7 @@ def forward_times(shape: ModelShape, cluster: Cluster, layout: Layout, *, precis
         attn_f += merge
     head_f = 2 * tokens * shape.vocab * shape.hidden / t / (peak * eff) + (e + 8) * tokens * shape.vocab / t / hbm
     return ForwardTimes(layer_f=layer_f, attn_f=attn_f, head_f=head_f,
-                        layers=math.ceil(shape.layers / layout.pp))
+                        layers=layers_per_stage(shape, layout.pp))
 
 
 def step_time(shape: ModelShape, cluster: Cluster, layout: Layout, *, precision: Precision,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from service.planner import InvalidSpec
+from service.planner.layout import Layout
+from service.planner.memory import stage_params
 from service.planner.models import PRESETS, resolve_model
 from service.spec import ModelSpec
 
@@ -59,9 +61,12 @@ def test_gqa_and_swiglu_shapes_are_counted() -> None:
     assert shape.layer_matmul_params == 2 * h * h + 2 * h * kv + 3 * h * 28672
     # The largest unit FSDP gathers: Llama 3's 128k-vocabulary embedding outweighs a 70B block,
     # a 405B block outweighs the embedding.
-    assert shape.largest_unit_params == shape.embedding_params == 128256 * h
+    one_rank = Layout(dp=8, tp=1, pp=1, cp=1, sharding="fsdp", dp_shard=8, sequence_parallel=False, micro_batch=1,
+                      grad_accum_steps=1, activation_checkpointing="none", pipeline_schedule=None, virtual_stages=1,
+                      offload="none")
+    assert stage_params(shape, one_rank).largest_unit == shape.embedding_params == 128256 * h
     big = resolve_model(ModelSpec(preset="llama-3.1-405b"))
-    assert big.largest_unit_params == big.layer_params
+    assert stage_params(big, one_rank).largest_unit == big.layer_params
 
 
 def test_unknown_preset_names_the_field_and_lists_the_choices() -> None:
