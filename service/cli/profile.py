@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from service.profiles import ProfileSummary, TraceError, analyze_traces
+from service.profiles.events import DEFAULT_MAX_EVENTS
 
 profile_app = typer.Typer(
     help="Analyse PyTorch profiler traces (Chrome/Kineto JSON, one per rank).", no_args_is_help=True
@@ -104,10 +105,16 @@ def analyze(
         max=1.0,
         help="The plan's predicted communication share of a step (0-1), to compare with the measurement.",
     ),
+    max_events: int = typer.Option(
+        DEFAULT_MAX_EVENTS,
+        "--max-events",
+        min=1,
+        help="Refuse a rank's trace with more complete events than this (bounds memory: ~330 bytes each).",
+    ),
 ) -> None:
     """Summarise where each rank's step time goes, find the straggler and give a verdict."""
     try:
-        summary = analyze_traces(traces, predicted_comm_fraction=predicted_comm_fraction)
+        summary = analyze_traces(traces, predicted_comm_fraction=predicted_comm_fraction, max_events=max_events)
     except TraceError as exc:
         Console(stderr=True).print(f"[red]error:[/red] {exc}", soft_wrap=True, highlight=False, markup=True)
         raise typer.Exit(code=1) from exc

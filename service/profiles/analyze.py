@@ -4,33 +4,18 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from service.profiles.collectives import collect_instances, match_across_ranks
+from service.profiles.collectives import Instance, collect_instances, match_across_ranks
 from service.profiles.diagnosis import diagnose
 from service.profiles.errors import TraceError
-from service.profiles.events import RankTrace, load_rank_trace
-from service.profiles.hta_compat import hta_compat_for_rank, profiler_step_symbols
-from service.profiles.models import CrossRank, ProfileSummary, RankSummary, Straggler
+from service.profiles.events import DEFAULT_MAX_EVENTS, RankTrace, load_rank_trace
+from service.profiles.hta_compat import hta_compat_for_rank, local_step_symbols
+from service.profiles.models import CrossRank, HtaCompat, ProfileSummary, RankSummary, Straggler
 from service.profiles.rank_summary import rank_summary
 from service.profiles.stats import percentile
-from service.profiles.timeline import build_timeline
-
-
-def _assign_ranks(traces: list[RankTrace]) -> list[int]:
-    ranks = [t.rank for t in traces]
-    if all(r is None for r in ranks):
-        return list(range(len(traces)))
-    seen: dict[int, Path] = {}
-    for t, r in zip(traces, ranks, strict=True):
-        if r is None:
-            raise TraceError(
-                t.path, "no distributedInfo.rank while other files have one; cannot tell its rank"
-            )
-        if r in seen:
-            raise TraceError(t.path, f"rank {r} already comes from {seen[r]}: pass one file per rank")
-        seen[r] = t.path
-    return [r for r in ranks if r is not None]
+from service.profiles.timeline import Window, build_timeline
 
 
 def _cross_rank(summaries: list[RankSummary], matched: list[dict[int, object]]) -> CrossRank:
@@ -59,9 +44,7 @@ def _cross_rank(summaries: list[RankSummary], matched: list[dict[int, object]]) 
         step_time_us_mean=round(mean, 3),
         step_time_us_min=min(times.values()),
         step_time_us_max=max(times.values()),
-        step_time_spread_pct=round(100 * (max(times.values()) - min(times.values())) / mean, 2)
-        if mean
-        else 0.0,
+        step_time_spread_pct=round(100 * (max(times.values()) - min(times.values())) / mean, 2) if mean else 0.0,
         slowest_rank=max(times, key=lambda r: times[r]),
         straggler=straggler,
         collective_skew_us_p50=round(percentile(skews, 50), 3) if skews else None,
@@ -69,40 +52,104 @@ def _cross_rank(summaries: list[RankSummary], matched: list[dict[int, object]]) 
     )
 
 
-def analyze_traces(paths: Sequence[Path], predicted_comm_fraction: float | None = None) -> ProfileSummary:
+@dataclass
+class _RankPass:
+    """What is kept of one rank once its events are dropped: the summary and the cross-rank inputs."""
+
+    path: Path
+    declared_rank: int | None
+    summary: RankSummary
+    windows: list[Window]
+    instances: list[Instance]
+    step_symbols: set[str]
+    hta: dict[bool, HtaCompat]
+
+
+def _analyse_rank(path: Path, index: int, world: int | None, max_events: int) -> tuple[_RankPass, RankTrace]:
+    trace = load_rank_trace(path, max_events=max_events)
+    symbols = local_step_symbols(trace)
+    # HTA decides whether to drop the last step from all ranks' symbols together; when this rank alone
+    # cannot decide (fewer than two), both answers are kept and the right one is picked at the end.
+    # Computed before the timeline exists, so that the two are never in memory together.
+    choices = [True] if len(symbols) >= 2 else [False, True]
+    hta = {f: hta_compat_for_rank(trace, f) for f in choices}
+    tl = build_timeline(trace)
+    if not tl.windows:
+        raise TraceError(trace.path, "no compute, communication or step events to analyse")
+    if index == 0:
+        world = _world_size(trace)  # the first file's world size applies to all, as its backend does
+    instances = collect_instances(trace, tl, world)
+    rank = trace.rank if trace.rank is not None else index
+    summary = rank_summary(rank, trace, tl, instances, 0.0, hta[choices[0]])
+    kept = _RankPass(trace.path, trace.rank, summary, tl.windows, instances, symbols, hta)
+    return kept, trace
+
+
+def _world_size(trace: RankTrace) -> int | None:
+    info = trace.meta.get("distributedInfo") or {}
+    return info.get("world_size") if isinstance(info.get("world_size"), int) else None
+
+
+def _check_ranks(passes: list[_RankPass]) -> None:
+    """All files declare a rank (distinct) or none does (ranks are the argument order)."""
+    seen: dict[int, Path] = {}
+    any_declared = any(p.declared_rank is not None for p in passes)
+    for p in passes:
+        if p.declared_rank is None:
+            if any_declared:
+                raise TraceError(p.path, "no distributedInfo.rank while other files have one; cannot tell its rank")
+            continue
+        if p.declared_rank in seen:
+            raise TraceError(
+                p.path, f"rank {p.declared_rank} already comes from {seen[p.declared_rank]}: pass one file per rank"
+            )
+        seen[p.declared_rank] = p.path
+
+
+def analyze_traces(
+    paths: Sequence[Path],
+    predicted_comm_fraction: float | None = None,
+    *,
+    max_events: int = DEFAULT_MAX_EVENTS,
+) -> ProfileSummary:
     """Analyse one Chrome/Kineto trace per rank (plain or gzip JSON, streamed).
 
-    ``predicted_comm_fraction`` (0-1), when the job has a plan, is compared with the measured exposed
-    communication share. Raises ``TraceError`` naming the file for unreadable or malformed input.
+    Ranks are analysed one after another and each rank's events are dropped before the next file is
+    read, so peak memory is that of the largest single rank (bounded by ``max_events`` complete events
+    per file) plus a small summary per rank. ``predicted_comm_fraction`` (0-1), when the job has a plan,
+    is compared with the measured exposed communication share. Raises ``TraceError`` naming the file for
+    unreadable, malformed or oversized input.
     """
     if not paths:
         raise TraceError(Path("."), "no trace files given")
     if predicted_comm_fraction is not None and not 0 <= predicted_comm_fraction <= 1:
         raise ValueError("predicted_comm_fraction must be between 0 and 1")
-    traces = [load_rank_trace(Path(p)) for p in paths]
-    ranks = _assign_ranks(traces)
-    info = traces[0].meta.get("distributedInfo") or {}
-    world = info.get("world_size") if isinstance(info.get("world_size"), int) else None
-    backend = info.get("backend") if isinstance(info.get("backend"), str) else None
-    step_symbols = profiler_step_symbols(traces)
-    timelines = [build_timeline(t) for t in traces]
-    for t, tl in zip(traces, timelines, strict=True):
-        if not tl.windows:
-            raise TraceError(t.path, "no compute, communication or step events to analyse")
-    instances = {
-        r: collect_instances(t, tl, world) for r, t, tl in zip(ranks, traces, timelines, strict=True)
-    }
-    matched = match_across_ranks(instances) if len(traces) > 1 else []
-    peer_wait = dict.fromkeys(ranks, 0.0)
+    passes: list[_RankPass] = []
+    world: int | None = None
+    backend: str | None = None
+    for index, path in enumerate(paths):
+        kept, trace = _analyse_rank(Path(path), index, world, max_events)
+        if index == 0:
+            world = _world_size(trace)
+            info = trace.meta.get("distributedInfo") or {}
+            backend = info.get("backend") if isinstance(info.get("backend"), str) else None
+        del trace
+        passes.append(kept)
+        _check_ranks(passes)
+    step_filter = len(set().union(*(p.step_symbols for p in passes))) >= 2
+    instances = {p.summary.rank: p.instances for p in passes}
+    matched = match_across_ranks(instances) if len(passes) > 1 else []
+    peer_wait = dict.fromkeys(instances, 0.0)
+    windows = {p.summary.rank: p.windows for p in passes}
     for m in matched:
         fastest = min(c.dur for c in m.values())
         for r, c in m.items():
-            if any(w.start <= c.start < w.end for w in timelines[ranks.index(r)].windows):
+            if any(w.start <= c.start < w.end for w in windows[r]):
                 peer_wait[r] += c.dur - fastest
-    summaries = [
-        rank_summary(r, t, tl, instances[r], peer_wait[r], hta_compat_for_rank(t, step_symbols))
-        for r, t, tl in zip(ranks, traces, timelines, strict=True)
-    ]
+    summaries = []
+    for p in passes:
+        overlap = p.summary.overlap.model_copy(update={"waiting_on_peer_us": round(peer_wait[p.summary.rank], 3)})
+        summaries.append(p.summary.model_copy(update={"overlap": overlap, "hta_compat": p.hta[step_filter]}))
     summaries.sort(key=lambda s: s.rank)
     cross = _cross_rank(summaries, matched)  # type: ignore[arg-type]
     return ProfileSummary(

@@ -17,6 +17,11 @@ from typing import Any
 from service.profiles.errors import TraceError
 from service.profiles.reader import DEFAULT_MAX_VALUE_CHARS, read_trace
 
+DEFAULT_MAX_EVENTS = 4_000_000
+"""Complete events kept per rank before a file is refused. Analysis peaks at about 0.5 KB per kept
+event (benchmarks/profile_analyze.py measures it), so this bounds one rank's analysis near 2 GB; a
+profile of a few steps holds far fewer (python_function events are skipped and do not count)."""
+
 SIZE_ARG_KEYS = (
     "Collective name",
     "In msg nelems",
@@ -88,8 +93,9 @@ class RankTrace:
 
 
 class _Builder:
-    def __init__(self, trace: RankTrace) -> None:
+    def __init__(self, trace: RankTrace, max_events: int) -> None:
         self.t = trace
+        self.max_events = max_events
         self.name_ids: dict[str, int] = {}
         self.cat_ids: dict[str, int] = {}
         self.thread_ids: dict[tuple[str, str], int] = {}
@@ -123,6 +129,12 @@ class _Builder:
             t.skipped_python_functions += 1
             return
         name = str(ev.get("name", ""))
+        if len(t.ts) >= self.max_events:
+            raise TraceError(
+                t.path,
+                f"more than {self.max_events:,} complete events in one rank's trace: profile fewer steps "
+                "(a shorter schedule(active=...)), or raise the limit (--max-events) if the memory is there",
+            )
         try:
             t.ts.append(float(ts))
             t.dur.append(float(dur))
@@ -152,13 +164,17 @@ class _Builder:
             t.external_id.append(-1)
 
 
-def load_rank_trace(path: Path, max_value_chars: int = DEFAULT_MAX_VALUE_CHARS) -> RankTrace:
-    """Stream ``path`` into a ``RankTrace``; raises ``TraceError`` for unreadable or empty traces."""
+def load_rank_trace(
+    path: Path, max_value_chars: int = DEFAULT_MAX_VALUE_CHARS, max_events: int = DEFAULT_MAX_EVENTS
+) -> RankTrace:
+    """Stream ``path`` into a ``RankTrace``.
+
+    Raises ``TraceError`` for unreadable or empty traces and for traces with more than ``max_events``
+    complete events (memory stays bounded: the file is never held whole, and kept events are capped).
+    """
     trace = RankTrace(path=path, meta={})
-    builder = _Builder(trace)
+    builder = _Builder(trace, max_events)
     trace.meta = read_trace(path, builder.add, max_value_chars=max_value_chars)
     if len(trace) == 0:
-        raise TraceError(
-            path, "traceEvents holds no complete ('X') events with a duration: nothing to analyse"
-        )
+        raise TraceError(path, "traceEvents holds no complete ('X') events with a duration: nothing to analyse")
     return trace

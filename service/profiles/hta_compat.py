@@ -17,7 +17,7 @@ events that rounding gave a negative duration).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable
 
 from service.profiles.classify import hta_kernel_type
 from service.profiles.events import RankTrace
@@ -60,56 +60,74 @@ def _overlap_sweep(comm: list[tuple[float, float]], comp: list[tuple[float, floa
     return total
 
 
-def _hta_rows(trace: RankTrace) -> list[tuple[float, float, int, int, str]]:
-    """(ts, end, stream, correlation, name) for every row HTA keeps, with HTA's ns rounding applied."""
-    rows = []
-    for i in range(len(trace)):
-        ts = trace.ts[i]
-        end = ts + trace.dur[i]
-        if trace.float_timestamps:
-            ts, end = float(math.ceil(ts)), float(math.floor(end))
-        rows.append((ts, end, trace.stream[i], trace.correlation[i], trace.name(i)))
-    return rows
+def local_step_symbols(trace: RankTrace) -> set[str]:
+    """The names and categories in this rank that contain "ProfilerStep" (HTA's step symbols)."""
+    return {n for n in trace.names if "ProfilerStep" in n} | {c for c in trace.cats if "ProfilerStep" in c}
 
 
-def profiler_step_symbols(traces: Sequence[RankTrace]) -> set[str]:
-    symbols: set[str] = set()
-    for t in traces:
-        symbols.update(n for n in t.names if "ProfilerStep" in n)
-        symbols.update(c for c in t.cats if "ProfilerStep" in c)
-    return symbols
+def hta_compat_for_rank(trace: RankTrace, step_filter: bool) -> HtaCompat:
+    """HTA's ``get_temporal_breakdown`` and ``get_comm_comp_overlap`` row for this rank.
 
+    ``step_filter`` is HTA's decision, taken over all ranks together: at least two distinct step symbols
+    (see ``local_step_symbols``) exist, so the last profiled step is dropped. Works on event indices so
+    that no per-event row objects are built.
+    """
+    n = len(trace)
+    ts_col, dur_col, stream, corr = trace.ts, trace.dur, trace.stream, trace.correlation
+    rounded = trace.float_timestamps
 
-def hta_compat_for_rank(trace: RankTrace, step_symbols: set[str]) -> HtaCompat:
-    """HTA's ``get_temporal_breakdown`` and ``get_comm_comp_overlap`` row for this rank."""
-    rows = _hta_rows(trace)
-    step_filter = len(step_symbols) >= 2
+    def bounds(i: int) -> tuple[float, float]:
+        ts, end = ts_col[i], ts_col[i] + dur_col[i]
+        return (float(math.ceil(ts)), float(math.floor(end))) if rounded else (ts, end)
+
+    keep: Callable[[int], bool] | None = None
     if step_filter:
+        symbols = local_step_symbols(trace)
+        sync_ids = {k for k, name in enumerate(trace.names) if name in _SYNC_NAMES}
+        step_ids = {k for k, name in enumerate(trace.names) if name in symbols}
+        name_idx = trace.name_idx
 
-        def is_gpu(r: tuple[float, float, int, int, str]) -> bool:
-            return (r[2] >= 0 and r[3] >= 0) or r[4] in _SYNC_NAMES
+        def is_gpu(i: int) -> bool:
+            return (stream[i] >= 0 and corr[i] >= 0) or name_idx[i] in sync_ids
 
-        cpu = [r for r in rows if not is_gpu(r)]
-        step_starts = [r[0] for r in cpu if r[4] in step_symbols]
+        step_starts = [bounds(i)[0] for i in range(n) if name_idx[i] in step_ids and not is_gpu(i)]
         last_start = max(step_starts) if step_starts else math.nan
-        kept_cpu = [r for r in cpu if r[0] < last_start]
-        corrs = {r[3] for r in kept_cpu}
-        rows = [r for r in rows if is_gpu(r) and r[3] in corrs] + kept_cpu
-    gpu = [r for r in rows if r[2] != -1]
-    if not gpu:
+        kept_corrs = {corr[i] for i in range(n) if not is_gpu(i) and bounds(i)[0] < last_start}
+
+        def keep(i: int) -> bool:
+            return corr[i] in kept_corrs if is_gpu(i) else bounds(i)[0] < last_start
+
+    kinds = [hta_kernel_type(name) for name in trace.names]
+    rows: list[tuple[float, float]] = []
+    comp_rows: list[tuple[float, float]] = []
+    comm_rows: list[tuple[float, float]] = []
+    for i in range(n):
+        if stream[i] == -1 or (keep is not None and not keep(i)):
+            continue
+        row = bounds(i)
+        rows.append(row)
+        kind = kinds[trace.name_idx[i]]
+        if kind == "COMPUTATION":
+            comp_rows.append(row)
+        elif kind == "COMMUNICATION":
+            comm_rows.append(row)
+    if not rows:
         return HtaCompat(
             applicable=False,
             last_step_dropped=step_filter,
             note="no events with a GPU stream (CPU-only trace): HTA's breakdown is undefined here",
         )
-    merged = _hta_merge([(r[0], r[1]) for r in gpu])
+    merged = _hta_merge(rows)
+    del rows
     kernel_time = merged[-1][1] - merged[0][0]
-    run_time = sum(e for _, e in merged) - sum(s for s, _ in merged)
+    # HTA sums starts and ends separately, after shifting time so that the earliest event is at 0,
+    # which keeps its sums exact. Summed unshifted (trace timestamps are ~1e12-1e15 us), float sums
+    # lose whole microseconds past 2**53; summing each interval's length gives HTA's exact result.
+    run_time = sum(e - s for s, e in merged)
     idle = kernel_time - run_time
-    kinds = [hta_kernel_type(r[4]) for r in gpu]
-    comp = _hta_merge([(r[0], r[1]) for r, k in zip(gpu, kinds, strict=True) if k == "COMPUTATION"])
-    comm = _hta_merge([(r[0], r[1]) for r, k in zip(gpu, kinds, strict=True) if k == "COMMUNICATION"])
-    compute = sum(e for _, e in comp) - sum(s for s, _ in comp)
+    comp = _hta_merge(comp_rows)
+    comm = _hta_merge(comm_rows)
+    compute = sum(e - s for s, e in comp)
     non_compute = kernel_time - compute - idle
     comm_total = sum(e - s for s, e in comm)
     overlap_pct = np_round(100 * (_overlap_sweep(comm, comp) / comm_total), 2) if comm_total else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ from service.profiles.errors import TraceError
 
 CHUNK_CHARS = 1 << 20
 DEFAULT_MAX_VALUE_CHARS = 64 << 20
-_WS = " \t\r\n"
+_NOT_WS = re.compile(r"[^ \t\r\n]")
 
 
 def _open_text(path: Path) -> IO[str]:
@@ -64,10 +65,11 @@ class _Scanner:
     def peek(self) -> str:
         """Skip whitespace and return the next character ('' at end of input)."""
         while True:
-            while self.pos < len(self.buf) and self.buf[self.pos] in _WS:
-                self.pos += 1
-            if self.pos < len(self.buf):
+            found = _NOT_WS.search(self.buf, self.pos)
+            if found:
+                self.pos = found.start()
                 return self.buf[self.pos]
+            self.pos = len(self.buf)  # all whitespace: drop it before reading on
             if not self._fill():
                 return ""
 

@@ -47,3 +47,10 @@ def test_bad_input_exits_1_with_message(tmp_path: Path) -> None:
     res = runner.invoke(profile_app, ["analyze", str(bad)])
     assert res.exit_code == 1
     assert "bad.json" in res.output and "not a JSON trace" in res.output
+
+
+def test_max_events_flag_refuses_a_larger_trace_and_says_how_to_fix_it() -> None:
+    res = runner.invoke(profile_app, ["analyze", *map(str, GPU), "--max-events", "50"])
+    assert res.exit_code == 1
+    assert "more than 50 complete events" in res.output and "--max-events" in res.output
+    assert runner.invoke(profile_app, ["analyze", *map(str, GPU), "--max-events", "0"]).exit_code == 2

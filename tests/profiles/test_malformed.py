@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import gzip
 import json
+import struct
 import tracemalloc
+import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from tracebuild import TraceBuilder
 
 from service.profiles import TraceError, analyze_traces
-from service.profiles.reader import read_trace
+from service.profiles.reader import DEFAULT_MAX_VALUE_CHARS, read_trace
 
 
 def _valid(tmp_path: Path, name: str = "ok.json", rank: int = 0) -> Path:
@@ -110,3 +113,92 @@ def test_reading_is_streaming_with_bounded_memory(tmp_path: Path) -> None:
     assert count == n and meta["traceName"] == "big"
     assert raw_size > 30_000_000
     assert peak < 12_000_000, f"peak {peak} bytes for a {raw_size}-byte trace: not streaming"
+
+
+TWO_GIB = 2 << 30
+
+
+def _repeated_gzip(path: Path, head: bytes, block: bytes, repeats: int, tail: bytes) -> int:
+    """A valid gzip file of ``head + block * repeats + tail``, written without compressing it all.
+
+    Each block is deflated once after a full flush (no back references across blocks), so its
+    compressed bytes can be repeated; the CRC and size trailer are those of the whole content.
+    Returns the uncompressed size.
+    """
+    co = zlib.compressobj(9, zlib.DEFLATED, -15)
+    crc = zlib.crc32(head)
+    with path.open("wb") as fh:
+        fh.write(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff")
+        fh.write(co.compress(head) + co.flush(zlib.Z_FULL_FLUSH))
+        packed = co.compress(block) + co.flush(zlib.Z_FULL_FLUSH)
+        for _ in range(repeats):
+            fh.write(packed)
+            crc = zlib.crc32(block, crc)
+        crc = zlib.crc32(tail, crc)
+        fh.write(co.compress(tail) + co.flush())
+        size = len(head) + len(block) * repeats + len(tail)
+        fh.write(struct.pack("<II", crc & 0xFFFFFFFF, size & 0xFFFFFFFF))
+    return size
+
+
+def _peak_of(call: Callable[[], object]) -> tuple[BaseException | None, int]:
+    tracemalloc.start()
+    try:
+        call()
+        raised = None
+    except TraceError as exc:
+        raised = exc
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return raised, peak
+
+
+def test_a_2_gib_file_of_zeros_is_refused_at_once(tmp_path: Path) -> None:
+    p = tmp_path / "zeros.json"
+    with p.open("wb") as fh:  # sparse: 2 GiB on paper, nothing on disk
+        fh.truncate(TWO_GIB)
+    assert p.stat().st_size == TWO_GIB
+    err, peak = _peak_of(lambda: analyze_traces([p]))
+    assert err is not None and "expected a JSON object" in str(err) and str(p) in str(err)
+    assert peak < 8_000_000
+
+
+def test_a_2_gib_trace_with_garbage_after_the_header_names_the_problem(tmp_path: Path) -> None:
+    p = tmp_path / "garbage.json"
+    with p.open("wb") as fh:
+        fh.write(b'{"schemaVersion": 1, "traceEvents": [')
+        fh.truncate(TWO_GIB)
+    err, peak = _peak_of(lambda: analyze_traces([p]))
+    assert err is not None and "invalid JSON in traceEvents" in str(err)
+    assert peak < 8_000_000
+
+
+def test_a_2_gib_gzip_bomb_stops_at_the_value_limit(tmp_path: Path) -> None:
+    """2 GiB of one JSON string, 2 MB on disk: refused once the string passes the value limit."""
+    p = tmp_path / "bomb.json.gz"
+    size = _repeated_gzip(p, b'{"traceEvents": [{"name": "', b"x" * (1 << 20), 2048, b'"}]}')
+    assert size > TWO_GIB and p.stat().st_size < 4_000_000
+    err, peak = _peak_of(lambda: analyze_traces([p]))
+    assert err is not None and "larger than" in str(err) and "refusing to buffer" in str(err)
+    assert peak < 3 * DEFAULT_MAX_VALUE_CHARS, f"peak {peak} bytes: the buffer grew past the limit"
+
+
+def test_long_whitespace_runs_stream_through(tmp_path: Path) -> None:
+    p = tmp_path / "spaces.json.gz"
+    _repeated_gzip(p, b'{"traceEvents": [', b" \n\t" * (1 << 18), 96, b"]}")  # 72 MiB of whitespace
+    seen: list[object] = []
+    err, peak = _peak_of(lambda: read_trace(p, seen.append))
+    assert err is None and seen == []
+    assert peak < 12_000_000
+
+
+def test_more_events_than_the_limit_are_refused_with_the_fix(tmp_path: Path) -> None:
+    b = TraceBuilder(rank=0, world=1)
+    b.step(1, 0, 10_000)
+    for k in range(600):
+        b.kernel("sm90_gemm", 10 + k * 10, 5)
+    p = b.write(tmp_path / "many.json")
+    assert analyze_traces([p], max_events=5_000).ranks["0"].steps_present == [1]
+    with pytest.raises(TraceError, match=r"more than 500 complete events.*profile fewer steps") as err:
+        analyze_traces([p], max_events=500)
+    assert str(p) in str(err.value)

@@ -55,6 +55,20 @@ def test_hta_compat_uses_kernel_span_and_drops_last_step(tmp_path: Path) -> None
     assert h.comm_comp_overlap_pctg == 100.0
 
 
+
+def test_hta_compat_stays_exact_at_unix_microsecond_timestamps(tmp_path: Path) -> None:
+    """Real traces stamp events in µs since the epoch (~1.7e15). Summing 4,000 such ends as floats
+    passes 2**53 and loses whole microseconds; HTA shifts time to 0 first, so its sums are exact."""
+    t0 = 1_732_000_000_000_000
+    b = TraceBuilder()
+    b.step(1, t0, 40_000).step(2, t0 + 40_000, 10)
+    for k in range(4_000):  # 4 µs kernels every 10 µs: 6 µs idle between neighbours
+        b.kernel(GEMM, t0 + 10 * k, 4)
+    h = analyze_traces([b.write(tmp_path / "epoch.json")]).ranks["0"].hta_compat
+    assert h.kernel_time_us == 10 * 3_999 + 4
+    assert (h.compute_time_us, h.idle_time_us) == (4 * 4_000, 6 * 3_999)
+    assert h.idle_time_pctg == 59.99
+
 def test_communication_bound(tmp_path: Path) -> None:
     b = TraceBuilder()
     _steps(b)
