@@ -18,6 +18,7 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default_factory=lambda: Path(platformdirs.user_data_dir("shardctl")))
     database_url: str | None = Field(None, description="e.g. postgresql+psycopg://user@host/db")
     max_body_bytes: int = 1 << 20
+    max_trace_bytes: int = Field(512 << 20, gt=0, description="Largest trace file one upload may carry.")
     events_poll_s: float = 0.5
     public_url: str = Field("http://127.0.0.1:8686", description="Where jobs reach the API for callbacks.")
     dispatcher_interval_s: float = 1.0

@@ -42,7 +42,6 @@ def _contains_nul(value: object) -> bool:
     return False
 
 
-TRACE_UPLOAD_BYTES = 64 * 512 * 2**20  # the traces route checks each file as it streams
 LaunchPreview = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any] | None]
 
 
@@ -68,10 +67,11 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     async def _limits_and_latency(request: Request,
                                   call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         length = request.headers.get("content-length")
-        limit = TRACE_UPLOAD_BYTES if request.url.path.endswith("/profiles/traces") else settings.max_body_bytes
+        uploading = request.url.path.endswith("/profiles/traces")  # that route checks each file as it streams
+        limit = settings.max_trace_bytes * profiles.MAX_FILES if uploading else settings.max_body_bytes
         if length is not None and (not length.isdigit() or int(length) > limit):
             return errors.error_response(413, "too_large", f"request body over {limit} bytes")
-        if not request.url.path.endswith("/profiles/traces") and await _has_nul(request):
+        if not uploading and await _has_nul(request):
             return errors.error_response(422, "validation_error", "NUL characters are not allowed in requests")
         start = time.perf_counter()
         response = await call_next(request)

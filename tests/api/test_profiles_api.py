@@ -66,3 +66,17 @@ def test_a_broken_trace_is_reported_as_an_event(env: Env, admin: dict[str, str])
     failed = [e for e in _wait_for(env, job_id, admin, "job.profile_failed") if e["kind"] == "job.profile_failed"]
     assert "gzip" in failed[0]["message"].lower() or "truncated" in failed[0]["message"].lower()
     assert env.client.get(f"/v1/jobs/{job_id}/profiles", headers=admin).json() == []
+
+
+def test_a_trace_over_the_size_limit_is_413_and_leaves_nothing(env: Env, admin: dict[str, str]) -> None:
+    job_id, _ = _job(env)
+    settings = env.app.state.settings
+    settings.max_trace_bytes = 4096
+    big = [("files", ("rank-0.json", b" " * 10_000, "application/json"))]
+    r = env.client.post(f"/v1/jobs/{job_id}/profiles/traces", files=big, headers=admin)
+    assert r.status_code == 413
+    message = r.json()["error"]["message"]
+    assert "rank-0.json" in message and "4096" in message and "gzip" in message
+    assert not list((settings.data_dir / "profiles" / str(job_id)).glob("*/*"))
+    events = env.client.get(f"/v1/jobs/{job_id}/events", headers=admin).json()
+    assert not [e for e in events if e["kind"].startswith("job.profile")]

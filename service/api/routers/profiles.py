@@ -24,7 +24,6 @@ from service.store.states import add_event
 from service.store.tokens import Principal
 
 router = APIRouter(prefix="/v1/jobs", tags=["profiles"])
-MAX_TRACE_BYTES = 512 * 2**20
 MAX_FILES = 64
 CHUNK = 1 << 20
 
@@ -60,15 +59,17 @@ def post_profile(job_id: JobId, summary: ProfileSummary, principal: Caller, db: 
 def post_traces(job_id: JobId, principal: Caller, db: Db, request: Request,
                 files: Annotated[list[UploadFile], File(description="One Chrome/Kineto trace per rank.")]
                 ) -> AnalysisAccepted:
-    """Each file is streamed to the data directory (at most 512 MiB each, 64 files); the analysis runs
-    in a background thread and stores its summary, or a `job.profile_failed` event with the reason."""
+    """Each file is streamed to the data directory (at most `SHARDCTL_MAX_TRACE_BYTES` each, 512 MiB by
+    default, and 64 files); the analysis runs in a background thread and stores its summary, or a
+    `job.profile_failed` event with the reason. Nothing is kept of a refused upload."""
     _reporter(principal)
     with db.begin() as session:
         visible_job(session, principal, job_id)
     if not 0 < len(files) <= MAX_FILES:
         raise ApiError(422, "validation_error", f"send 1 to {MAX_FILES} trace files, one per rank")
     upload = uuid.uuid4().hex[:12]
-    folder: Path = request.app.state.settings.data_dir / "profiles" / str(job_id) / upload
+    settings = request.app.state.settings
+    folder: Path = settings.data_dir / "profiles" / str(job_id) / upload
     folder.mkdir(parents=True, exist_ok=True)
     total, paths = 0, []
     try:
@@ -79,8 +80,9 @@ def post_traces(job_id: JobId, principal: Caller, db: Db, request: Request,
             with path.open("wb") as out:
                 while chunk := item.file.read(CHUNK):
                     size += len(chunk)
-                    if size > MAX_TRACE_BYTES:
-                        raise ApiError(413, "too_large", f"{item.filename}: over {MAX_TRACE_BYTES} bytes")
+                    if size > settings.max_trace_bytes:
+                        raise ApiError(413, "too_large", f"{item.filename}: over {settings.max_trace_bytes} bytes; "
+                                       "upload it gzip-compressed (.json.gz) or profile fewer steps")
                     out.write(chunk)
             total += size
             paths.append(path)
