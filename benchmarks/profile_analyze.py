@@ -1,24 +1,27 @@
-"""Time and peak memory of ``analyze_traces`` on a large synthetic multi-rank GPU trace set.
+"""Time and peak memory of ``analyze_traces`` on a multi-rank trace set, side by side with HTA.
 
 Usage::
 
     .venv/bin/python benchmarks/profile_analyze.py [--ranks 4] [--steps 20] [--kernels 500] [--dir DIR]
+    .venv/bin/python benchmarks/profile_analyze.py --traces rank-0.json.gz rank-1.json.gz ...
+    .venv/bin/python benchmarks/profile_analyze.py ... --hta-python /path/to/venv-with-hta/bin/python
 
-If HolisticTraceAnalysis is importable in the running interpreter, HTA's temporal breakdown and
-comm-comp overlap are timed on the same files and the ratios are printed; otherwise it says so.
-Our peak memory is measured with tracemalloc (Python allocations); HTA's with ru_maxrss of a child.
+Without ``--traces`` it writes a synthetic GPU trace set (the generator of the test fixtures). Each
+tool runs in a child process of its own, measured the same way: wall time of the analysis, and the
+child's peak RSS above its RSS once its imports are done (so the interpreter and libraries are not
+counted for either). shardctl also reports its tracemalloc peak (Python allocations only) in a
+second child, since tracemalloc slows allocation-heavy code. HTA (HolisticTraceAnalysis) runs when
+``--hta-python`` names an interpreter that has it (HTA is not a dependency of this project).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import resource
+import gzip
+import json
 import subprocess
 import sys
 import tempfile
-import time
-import tracemalloc
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,64 +29,118 @@ sys.path.insert(0, str(ROOT / "tests" / "profiles" / "fixtures"))
 
 from make_synthetic_gpu_traces import write_rank_traces  # type: ignore[import-not-found]  # noqa: E402
 
-from service.profiles import analyze_traces  # noqa: E402
+# Each child prints one JSON line: {"seconds", "rss_before", "rss_peak", ...}. RSS is read from
+# /proc (VmRSS now, VmHWM peak) so the import baseline can be subtracted.
+_RSS = """
+def rss(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(field)
+"""
 
-_HTA_CHILD = """
-import resource, sys, time
+_OURS_CHILD = _RSS + """
+import json, sys, time, tracemalloc
+sys.path.insert(0, sys.argv[1])
+from service.profiles import analyze_traces
+paths = sys.argv[3:]
+if sys.argv[2] == "tracemalloc":
+    tracemalloc.start()
+    analyze_traces(paths)
+    print(json.dumps({"python_peak": tracemalloc.get_traced_memory()[1]}))
+else:
+    before = rss("VmRSS:")
+    t0 = time.perf_counter()
+    summary = analyze_traces(paths)
+    seconds = time.perf_counter() - t0
+    print(json.dumps({"seconds": seconds, "rss_before": before, "rss_peak": rss("VmHWM:"),
+                      "bound": summary.diagnosis.bound,
+                      "hta": {r: s.hta_compat.model_dump() for r, s in summary.ranks.items()}}))
+"""
+
+_HTA_CHILD = _RSS + """
+import json, sys, time
 from hta.trace_analysis import TraceAnalysis
+before = rss("VmRSS:")
 files = dict(enumerate(sys.argv[2:]))
 t0 = time.perf_counter()
 a = TraceAnalysis(trace_files=files, trace_dir=sys.argv[1])
-a.get_temporal_breakdown(visualize=False)
-a.get_comm_comp_overlap(visualize=False)
-print(time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+breakdown = a.get_temporal_breakdown(visualize=False)
+overlap = a.get_comm_comp_overlap(visualize=False)
+seconds = time.perf_counter() - t0
+print(json.dumps({"seconds": seconds, "rss_before": before, "rss_peak": rss("VmHWM:"),
+                  "hta": {str(r): {"idle_time_pctg": float(i), "compute_time_pctg": float(c),
+                                   "non_compute_time_pctg": float(n), "comm_comp_overlap_pctg": float(o)}
+                          for r, i, c, n, o in zip(breakdown["rank"], breakdown["idle_time_pctg"],
+                                                   breakdown["compute_time_pctg"],
+                                                   breakdown["non_compute_time_pctg"],
+                                                   overlap.set_index("rank").loc[breakdown["rank"],
+                                                                                 "comp_comm_overlap_pctg"])}}))
 """
 
 
+def _decompressed_size(path: Path) -> int:
+    opener = gzip.open if path.read_bytes()[:2] == b"\x1f\x8b" else open
+    with opener(path, "rb") as fh:
+        return sum(len(chunk) for chunk in iter(lambda: fh.read(1 << 20), b""))
+
+
+def _child(python: str, code: str, *args: str) -> dict[str, object]:
+    res = subprocess.run([python, "-c", code, *args], capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise SystemExit(f"child {python} failed:\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def _mb(x: object) -> float:
+    return float(x) / 1e6  # type: ignore[arg-type]
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--kernels", type=int, default=500, help="kernels per step")
-    ap.add_argument("--dir", type=Path, default=None)
+    ap.add_argument("--dir", type=Path, default=None, help="where to write the synthetic traces")
+    ap.add_argument("--traces", type=Path, nargs="+", help="analyse these files (one per rank) instead")
+    ap.add_argument("--hta-python", default=None, help="an interpreter with HolisticTraceAnalysis installed")
     args = ap.parse_args()
-    out = args.dir or Path(tempfile.mkdtemp(prefix="shardctl-profile-bench-"))
-    paths = write_rank_traces(out, world=args.ranks, steps=args.steps, kernels_per_step=args.kernels)
-    size = sum(p.stat().st_size for p in paths)
-    n_events = args.ranks * args.steps * (2 * args.kernels + 3)
-    print(f"trace set: {len(paths)} ranks, ~{n_events} events, {size / 1e6:.1f} MB gzip in {out}")
+    if args.traces:
+        paths = [p.resolve() for p in args.traces]
+        if len({p.parent for p in paths}) != 1:
+            raise SystemExit("--traces: put the files in one folder (HTA reads a trace directory)")
+        trace_dir = paths[0].parent
+    else:
+        trace_dir = args.dir or Path(tempfile.mkdtemp(prefix="shardctl-profile-bench-"))
+        paths = write_rank_traces(trace_dir, world=args.ranks, steps=args.steps, kernels_per_step=args.kernels)
+    on_disk = sum(p.stat().st_size for p in paths)
+    largest = max(_decompressed_size(p) for p in paths)
+    print(f"trace set: {len(paths)} ranks, {on_disk / 1e6:.1f} MB on disk, largest rank {largest / 1e6:.1f} MB "
+          f"of JSON, in {trace_dir}")
 
-    # Time without tracing (tracemalloc slows Python allocation-heavy code several-fold), then a
-    # second pass under tracemalloc for the peak of Python allocations.
-    t0 = time.perf_counter()
-    summary = analyze_traces(paths)
-    ours_s = time.perf_counter() - t0
-    tracemalloc.start()
-    analyze_traces(paths)
-    _, ours_peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    print(
-        f"shardctl: {ours_s:.2f} s, peak {ours_peak / 1e6:.1f} MB (tracemalloc, second pass); "
-        f"verdict {summary.diagnosis.bound}"
-    )
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(f"shardctl process max RSS (includes interpreter and tracemalloc overhead): {rss / 1e6:.1f} MB")
+    names = [str(p) for p in paths]
+    ours = _child(sys.executable, _OURS_CHILD, str(ROOT), "time", *names)
+    python_peak = _child(sys.executable, _OURS_CHILD, str(ROOT), "tracemalloc", *names)["python_peak"]
+    ours_mem = _mb(ours["rss_peak"]) - _mb(ours["rss_before"])
+    print(f"shardctl: {ours['seconds']:.2f} s, peak RSS +{ours_mem:.1f} MB over its imports "
+          f"(Python allocations peak {_mb(python_peak):.1f} MB = {_mb(python_peak) * 1e6 / largest:.2f}x the "
+          f"largest rank's JSON; ranks are analysed one at a time); verdict {ours['bound']}")
 
-    if importlib.util.find_spec("hta") is None:
-        print("HTA (HolisticTraceAnalysis) is not available in this interpreter: no side-by-side comparison")
+    if not args.hta_python:
+        print("HTA: not run (pass --hta-python with an interpreter that has HolisticTraceAnalysis)")
         return
-    res = subprocess.run(
-        [sys.executable, "-c", _HTA_CHILD, str(out), *map(str, paths)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    hta_s, hta_rss = (float(x) for x in res.stdout.strip().splitlines()[-1].split())
-    print(f"HTA: {hta_s:.2f} s, max RSS {hta_rss / 1e6:.1f} MB")
-    print(
-        f"ratios HTA/shardctl: time {hta_s / ours_s:.2f}x, memory {hta_rss / max(ours_peak, 1):.2f}x "
-        "(HTA RSS vs our tracemalloc peak)"
-    )
+    hta = _child(args.hta_python, _HTA_CHILD, str(trace_dir), *(p.name for p in paths))
+    hta_mem = _mb(hta["rss_peak"]) - _mb(hta["rss_before"])
+    print(f"HTA: {hta['seconds']:.2f} s, peak RSS +{hta_mem:.1f} MB over its imports")
+    print(f"ratios HTA / shardctl: time {float(hta['seconds']) / float(ours['seconds']):.2f}x, "  # type: ignore[arg-type]
+          f"memory {hta_mem / max(ours_mem, 0.1):.2f}x")
+    keys = ("idle_time_pctg", "compute_time_pctg", "non_compute_time_pctg", "comm_comp_overlap_pctg")
+    ours_hta: dict[str, dict[str, float]] = ours["hta"]  # type: ignore[assignment]
+    theirs: dict[str, dict[str, float]] = hta["hta"]  # type: ignore[assignment]
+    differ = [(r, k, ours_hta[r][k], theirs[r][k]) for r in sorted(theirs, key=int) for k in keys
+              if ours_hta[r][k] != theirs[r][k]]
+    print(f"hta_compat vs HTA on {len(theirs)} ranks x {len(keys)} figures: "
+          + ("all equal" if not differ else f"{len(differ)} differ: {differ}"))
 
 
 if __name__ == "__main__":
