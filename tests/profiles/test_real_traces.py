@@ -56,7 +56,7 @@ def test_gloo_hta_compat_is_marked_not_applicable(gloo_summary) -> None:  # type
     assert h.applicable is False and h.idle_time_pctg is None
 
 
-@pytest.mark.parametrize("name", ["synthetic_gpu", "synthetic_gpu_4r"])
+@pytest.mark.parametrize("name", ["synthetic_gpu", "synthetic_gpu_4r", "synthetic_gpu_epoch"])
 def test_hta_compat_matches_hta_exactly(name: str) -> None:
     d = FIXTURES / name
     expected = json.loads((d / "expected_hta.json").read_text())["ranks"]
