@@ -293,6 +293,8 @@ def show(job_id: int, as_json: JsonOpt = False) -> None:
     if "profile" in measurements:
         diagnosis = measurements["profile"]["data"].get("diagnosis") or {}
         console.out(f"Profile verdict: {diagnosis.get('bound', '?')} ({diagnosis.get('confidence', '?')} confidence)")
+        if diagnosis.get("plan"):
+            console.out(f"  {diagnosis['plan']['text']}")
         for rec in diagnosis.get("recommendations", [])[:3]:
             console.out(f"  {rec.get('id')}: {rec.get('text')}")
     elif "heartbeat" in measurements:

@@ -109,7 +109,7 @@ def analyze(
         DEFAULT_MAX_EVENTS,
         "--max-events",
         min=1,
-        help="Refuse a rank's trace with more complete events than this (bounds memory: ~330 bytes each).",
+        help="Refuse a rank's trace with more complete events than this (bounds memory: up to ~500 bytes each).",
     ),
 ) -> None:
     """Summarise where each rank's step time goes, find the straggler and give a verdict."""

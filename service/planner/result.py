@@ -43,6 +43,12 @@ class StepEstimate(BaseModel):
     peak_flops_per_gpu: float
     job_s: float = Field(description="step_s x training.steps.")
 
+    @property
+    def exposed_comm_fraction(self) -> float | None:
+        """The share of a step spent in communication that compute does not hide (0-1), which a
+        profile's measured exposed communication is compared with; None for a zero-length step."""
+        return min(self.comm_exposed_s / self.step_s, 1.0) if self.step_s > 0 else None
+
 
 class CommVolumes(BaseModel):
     """Bytes each GPU sends per optimizer step, by group."""

@@ -60,7 +60,7 @@ def bus_factor(op: str, n: int) -> float:
     return 1.0
 
 
-@dataclass
+@dataclass(slots=True)
 class Instance:
     key: str
     op: str

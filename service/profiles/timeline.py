@@ -31,7 +31,7 @@ from service.profiles.intervals import Interval, Union, subtract, union
 GPU_CLASSES = ("kernel", "Kernel", "gpu_memcpy", "gpu_memset", "Memcpy", "Memset")
 
 
-@dataclass
+@dataclass(slots=True)
 class Window:
     step: int | None
     start: float

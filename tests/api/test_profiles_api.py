@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from service.profiles import analyze_traces
 from tests.db_fixtures import Env
 from tests.specs import tiny
@@ -56,6 +58,11 @@ def test_uploaded_traces_are_analysed_in_the_background(env: Env, admin: dict[st
     (profile,) = env.client.get(f"/v1/jobs/{job_id}/profiles", headers=member).json()
     assert profile["summary"]["ranks_present"] == [0, 1]
     assert profile["summary"]["diagnosis"]["bound"] == "input"
+    # The verdict is set against the job's own plan: its predicted exposed-communication share.
+    time = env.client.get(f"/v1/jobs/{job_id}", headers=member).json()["plan"]["time"]
+    comparison = profile["summary"]["diagnosis"]["plan"]
+    assert comparison["predicted_comm_fraction"] == pytest.approx(time["comm_exposed_s"] / time["step_s"])
+    assert "plan's predicted" in comparison["text"]
 
 
 def test_a_broken_trace_is_reported_as_an_event(env: Env, admin: dict[str, str]) -> None:

@@ -147,3 +147,22 @@ def test_serve_on_an_empty_database_prints_a_first_admin_token(env: Env, tmp_pat
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def test_show_sets_the_profile_verdict_against_the_plan(cli, env: Env, tmp_path: Path) -> None:
+    from service.profiles import analyze_traces
+
+    gloo = sorted((Path(__file__).parents[1] / "profiles" / "fixtures" / "gloo_ddp").glob("rank-*.json.gz"))
+    cli("token", "create", "--admin")
+    cli("team", "create", "alpha")
+    member = cli("token", "create", "--team", "alpha")[1].strip()
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(json.dumps(tiny()))
+    job = json.loads(cli("submit", str(spec), "--json", token=member)[1])
+    summary = analyze_traces(gloo, predicted_comm_fraction=0.1).model_dump(mode="json")
+    job_token = env.headers(env.token("job", job_id=job["id"]))
+    assert env.client.post(f"/v1/jobs/{job['id']}/profiles", json=summary, headers=job_token).status_code == 201
+    code, out = cli("show", str(job["id"]), token=member)
+    assert code == 0, out
+    assert "Profile verdict: input" in out and "INPUT:" in out
+    assert "the plan's predicted 10.0%" in out

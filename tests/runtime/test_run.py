@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from service.planner import Plan
 from tests.runtime.harness import ROOT, env, layout, make_case, report, torchrun
 from tests.runtime.reference import reference_losses
 
@@ -77,6 +78,8 @@ def test_reports_heartbeats_report_and_profile_to_the_api_and_to_report_json(tmp
     assert sorted(Path(p).name for p in data["traces"]) == ["rank0.json", "rank1.json"]
     assert data["profile"] is not None, data["profile_error"]
     assert data["profile"]["world_size"] == 2 and data["profile"]["ranks_present"] == [0, 1]
+    predicted = Plan.model_validate_json(case.plan.read_text()).time.exposed_comm_fraction
+    assert data["profile"]["diagnosis"]["plan"]["predicted_comm_fraction"] == pytest.approx(predicted)
 
 
 def test_preempted_attempt_resumes_from_its_checkpoint_even_when_the_api_is_unreachable(tmp_path: Path) -> None:

@@ -215,16 +215,17 @@ def _train(cfg: RunConfig, out: Path, device: torch.device, rank: int, reporter:
         traces = sorted((out / "traces").glob("rank*.json"))
         report.traces = [str(p) for p in traces]
         if rank == 0 and window.written:
-            report.profile, report.profile_error = _analyze(traces)
+            report.profile, report.profile_error = _analyze(traces, cfg.plan.time.exposed_comm_fraction)
     return report
 
 
-def _analyze(traces: list[Path]) -> tuple[dict[str, Any] | None, str | None]:
-    """The profile summary of the ranks' traces, or the reason it could not be made."""
+def _analyze(traces: list[Path], predicted_comm: float | None) -> tuple[dict[str, Any] | None, str | None]:
+    """The profile summary of the ranks' traces (its verdict set against the plan's predicted exposed
+    communication share), or the reason it could not be made."""
     try:
         from service.profiles import analyze_traces
 
-        return analyze_traces(traces).model_dump(mode="json"), None
+        return analyze_traces(traces, predicted_comm_fraction=predicted_comm).model_dump(mode="json"), None
     except Exception as exc:
         log.warning("profile analysis failed: %s", exc)
         return None, f"{type(exc).__name__}: {exc}"

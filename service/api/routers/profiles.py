@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.api.deps import Caller, Db
 from service.api.errors import ApiError
 from service.api.routers.jobs import ERRORS, JobId
+from service.planner.result import StepEstimate
 from service.profiles import ProfileSummary, TraceError, analyze_traces
 from service.store.jobs import add_measurement, visible_job
 from service.store.models import Job, Measurement
@@ -95,8 +96,11 @@ def post_traces(job_id: JobId, principal: Caller, db: Db, request: Request,
 
 
 def _analyse(db: sessionmaker[Session], principal: Principal, job_id: int, paths: list[Path], folder: Path) -> None:
+    with db.begin() as session:
+        job = session.get(Job, job_id)
+        predicted = StepEstimate.model_validate(job.plan["time"]).exposed_comm_fraction if job else None
     try:
-        summary = analyze_traces(paths)
+        summary = analyze_traces(paths, predicted_comm_fraction=predicted)
     except TraceError as exc:
         with db.begin() as session:
             job = session.get(Job, job_id)
