@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -42,6 +43,16 @@ def _contains_nul(value: object) -> bool:
     return False
 
 
+_PROFILES_PATH = re.compile(r"/v1/jobs/[^/]+/profiles/?")
+
+
+def _traces_posted_to_profiles(request: Request) -> bool:
+    """Trace files (multipart) posted to `/profiles` rather than to `/profiles/traces`."""
+    content_type = request.headers.get("content-type", "")
+    return (request.method == "POST" and content_type.startswith("multipart/form-data")
+            and _PROFILES_PATH.fullmatch(request.url.path) is not None)
+
+
 LaunchPreview = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any] | None]
 
 
@@ -66,8 +77,11 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     @app.middleware("http")
     async def _limits_and_latency(request: Request,
                                   call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        if _traces_posted_to_profiles(request):
+            # One address for both kinds of profile: a summary (JSON) or the trace files themselves.
+            request.scope["path"] = request.url.path.rstrip("/") + "/traces"
         length = request.headers.get("content-length")
-        uploading = request.url.path.endswith("/profiles/traces")  # that route checks each file as it streams
+        uploading = request.scope["path"].endswith("/profiles/traces")  # that route checks each file as it streams
         limit = settings.max_trace_bytes * profiles.MAX_FILES if uploading else settings.max_body_bytes
         if length is not None and (not length.isdigit() or int(length) > limit):
             return errors.error_response(413, "too_large", f"request body over {limit} bytes")

@@ -87,3 +87,16 @@ def test_a_trace_over_the_size_limit_is_413_and_leaves_nothing(env: Env, admin: 
     assert not list((settings.data_dir / "profiles" / str(job_id)).glob("*/*"))
     events = env.client.get(f"/v1/jobs/{job_id}/events", headers=admin).json()
     assert not [e for e in events if e["kind"].startswith("job.profile")]
+
+
+def test_trace_files_posted_to_profiles_itself_are_analysed_too(env: Env, admin: dict[str, str]) -> None:
+    job_id, member = _job(env)
+    files = [("files", (p.name, p.read_bytes(), "application/gzip")) for p in GLOO]
+    r = env.client.post(f"/v1/jobs/{job_id}/profiles", files=files, headers=admin)
+    assert r.status_code == 202, r.text
+    assert r.json()["files"] == 2, r.text
+    _wait_for(env, job_id, admin, "job.profile")
+    (profile,) = env.client.get(f"/v1/jobs/{job_id}/profiles", headers=member).json()
+    assert profile["summary"]["ranks_present"] == [0, 1]
+    # A member may read profiles but not post them, whichever form the body takes.
+    assert env.client.post(f"/v1/jobs/{job_id}/profiles", files=files, headers=member).status_code == 403
