@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -28,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "profiles" / "fixtures"))
 
 from make_synthetic_gpu_traces import write_rank_traces  # type: ignore[import-not-found]  # noqa: E402
+
+from service.profiles.reader import read_trace  # noqa: E402
 
 # Each child prints one JSON line: {"seconds", "rss_before", "rss_peak", ...}. RSS is read from
 # /proc (VmRSS now, VmHWM peak) so the import baseline can be subtracted.
@@ -62,7 +65,7 @@ _HTA_CHILD = _RSS + """
 import json, sys, time
 from hta.trace_analysis import TraceAnalysis
 before = rss("VmRSS:")
-files = dict(enumerate(sys.argv[2:]))
+files = {int(rank): name for rank, name in (arg.split("=", 1) for arg in sys.argv[2:])}
 t0 = time.perf_counter()
 a = TraceAnalysis(trace_files=files, trace_dir=sys.argv[1])
 breakdown = a.get_temporal_breakdown(visualize=False)
@@ -80,9 +83,25 @@ print(json.dumps({"seconds": seconds, "rss_before": before, "rss_peak": rss("VmH
 
 
 def _decompressed_size(path: Path) -> int:
-    opener = gzip.open if path.read_bytes()[:2] == b"\x1f\x8b" else open
-    with opener(path, "rb") as fh:
+    with path.open("rb") as probe:
+        gzipped = probe.read(2) == b"\x1f\x8b"
+    with (gzip.open(path, "rb") if gzipped else path.open("rb")) as fh:
         return sum(len(chunk) for chunk in iter(lambda: fh.read(1 << 20), b""))
+
+
+def _rank_of(path: Path, index: int) -> int:
+    """The file's distributedInfo.rank, as shardctl reads it; the argument position if it has none."""
+    meta = read_trace(path, lambda _: None)
+    rank = (meta.get("distributedInfo") or {}).get("rank")
+    return rank if isinstance(rank, int) else index
+
+
+def _same(a: float | None, b: float | None) -> bool:
+    """Equal figures; HTA's NaN (no communication) is shardctl's None."""
+    def norm(x: float | None) -> float | None:
+        return None if x is None or math.isnan(x) else x
+
+    return norm(a) == norm(b)
 
 
 def _child(python: str, code: str, *args: str) -> dict[str, object]:
@@ -129,7 +148,9 @@ def main() -> None:
     if not args.hta_python:
         print("HTA: not run (pass --hta-python with an interpreter that has HolisticTraceAnalysis)")
         return
-    hta = _child(args.hta_python, _HTA_CHILD, str(trace_dir), *(p.name for p in paths))
+    ranks = [_rank_of(p, index) for index, p in enumerate(paths)]  # HTA takes ranks from the caller
+    pairs = [f"{r}={p.name}" for r, p in zip(ranks, paths, strict=True)]
+    hta = _child(args.hta_python, _HTA_CHILD, str(trace_dir), *pairs)
     hta_mem = _mb(hta["rss_peak"]) - _mb(hta["rss_before"])
     print(f"HTA: {hta['seconds']:.2f} s, peak RSS +{hta_mem:.1f} MB over its imports")
     print(f"ratios HTA / shardctl: time {float(hta['seconds']) / float(ours['seconds']):.2f}x, "  # type: ignore[arg-type]
@@ -138,7 +159,7 @@ def main() -> None:
     ours_hta: dict[str, dict[str, float]] = ours["hta"]  # type: ignore[assignment]
     theirs: dict[str, dict[str, float]] = hta["hta"]  # type: ignore[assignment]
     differ = [(r, k, ours_hta[r][k], theirs[r][k]) for r in sorted(theirs, key=int) for k in keys
-              if ours_hta[r][k] != theirs[r][k]]
+              if not _same(ours_hta[r][k], theirs[r][k])]
     print(f"hta_compat vs HTA on {len(theirs)} ranks x {len(keys)} figures: "
           + ("all equal" if not differ else f"{len(differ)} differ: {differ}"))
 

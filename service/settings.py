@@ -19,6 +19,7 @@ class Settings(BaseSettings):
     database_url: str | None = Field(None, description="e.g. postgresql+psycopg://user@host/db")
     max_body_bytes: int = 1 << 20
     max_trace_bytes: int = Field(512 << 20, gt=0, description="Largest trace file one upload may carry.")
+    max_trace_events: int = Field(4_000_000, gt=0, description="Complete events analysed per rank (bounds memory).")
     events_poll_s: float = 0.5
     public_url: str = Field("http://127.0.0.1:8686", description="Where jobs reach the API for callbacks.")
     dispatcher_interval_s: float = 1.0

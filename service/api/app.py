@@ -48,9 +48,9 @@ _PROFILES_PATH = re.compile(r"/v1/jobs/[^/]+/profiles/?")
 
 def _traces_posted_to_profiles(request: Request) -> bool:
     """Trace files (multipart) posted to `/profiles` rather than to `/profiles/traces`."""
-    content_type = request.headers.get("content-type", "")
+    content_type = request.headers.get("content-type", "").lower()
     return (request.method == "POST" and content_type.startswith("multipart/form-data")
-            and _PROFILES_PATH.fullmatch(request.url.path) is not None)
+            and _PROFILES_PATH.fullmatch(request.scope["path"]) is not None)
 
 
 LaunchPreview = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any] | None]
@@ -79,9 +79,9 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                                   call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         if _traces_posted_to_profiles(request):
             # One address for both kinds of profile: a summary (JSON) or the trace files themselves.
-            request.scope["path"] = request.url.path.rstrip("/") + "/traces"
+            request.scope["path"] = request.scope["path"].rstrip("/") + "/traces"
         length = request.headers.get("content-length")
-        uploading = request.scope["path"].endswith("/profiles/traces")  # that route checks each file as it streams
+        uploading = request.scope["path"].endswith("/profiles/traces")  # that route limits each file
         limit = settings.max_trace_bytes * profiles.MAX_FILES if uploading else settings.max_body_bytes
         if length is not None and (not length.isdigit() or int(length) > limit):
             return errors.error_response(413, "too_large", f"request body over {limit} bytes")

@@ -65,8 +65,7 @@ class _RankPass:
     hta: dict[bool, HtaCompat]
 
 
-def _analyse_rank(path: Path, index: int, world: int | None, max_events: int) -> tuple[_RankPass, RankTrace]:
-    trace = load_rank_trace(path, max_events=max_events)
+def _analyse_rank(trace: RankTrace, index: int, world: int | None) -> _RankPass:
     symbols = local_step_symbols(trace)
     # HTA decides whether to drop the last step from all ranks' symbols together; when this rank alone
     # cannot decide (fewer than two), both answers are kept and the right one is picked at the end.
@@ -76,34 +75,41 @@ def _analyse_rank(path: Path, index: int, world: int | None, max_events: int) ->
     tl = build_timeline(trace)
     if not tl.windows:
         raise TraceError(trace.path, "no compute, communication or step events to analyse")
-    if index == 0:
-        world = _world_size(trace)  # the first file's world size applies to all, as its backend does
     instances = collect_instances(trace, tl, world)
     rank = trace.rank if trace.rank is not None else index
     summary = rank_summary(rank, trace, tl, instances, 0.0, hta[choices[0]])
-    kept = _RankPass(trace.path, trace.rank, summary, tl.windows, instances, symbols, hta)
-    return kept, trace
+    return _RankPass(trace.path, trace.rank, summary, tl.windows, instances, symbols, hta)
 
 
-def _world_size(trace: RankTrace) -> int | None:
+def _distributed_info(trace: RankTrace) -> tuple[int | None, str | None]:
+    """(world size, backend) from the trace's ``distributedInfo``."""
     info = trace.meta.get("distributedInfo") or {}
-    return info.get("world_size") if isinstance(info.get("world_size"), int) else None
+    world = info.get("world_size") if isinstance(info.get("world_size"), int) else None
+    backend = info.get("backend") if isinstance(info.get("backend"), str) else None
+    return world, backend
 
 
-def _check_ranks(passes: list[_RankPass]) -> None:
-    """All files declare a rank (distinct) or none does (ranks are the argument order)."""
-    seen: dict[int, Path] = {}
-    any_declared = any(p.declared_rank is not None for p in passes)
-    for p in passes:
-        if p.declared_rank is None:
-            if any_declared:
-                raise TraceError(p.path, "no distributedInfo.rank while other files have one; cannot tell its rank")
-            continue
-        if p.declared_rank in seen:
+class _RankCheck:
+    """All files declare a rank, each a different one, or none does (ranks are then the argument
+    order). Checked as each file is loaded, before it is analysed."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, Path] = {}
+        self.undeclared: Path | None = None
+
+    def add(self, trace: RankTrace) -> None:
+        rank = trace.rank
+        if rank is None:
+            self.undeclared = self.undeclared or trace.path
+        if self.undeclared is not None and (rank is not None or self.seen):
             raise TraceError(
-                p.path, f"rank {p.declared_rank} already comes from {seen[p.declared_rank]}: pass one file per rank"
+                self.undeclared, "no distributedInfo.rank while other files have one; cannot tell its rank"
             )
-        seen[p.declared_rank] = p.path
+        if rank is not None:
+            if rank in self.seen:
+                earlier = self.seen[rank]
+                raise TraceError(trace.path, f"rank {rank} already comes from {earlier}: pass one file per rank")
+            self.seen[rank] = trace.path
 
 
 def analyze_traces(
@@ -127,15 +133,14 @@ def analyze_traces(
     passes: list[_RankPass] = []
     world: int | None = None
     backend: str | None = None
+    check = _RankCheck()
     for index, path in enumerate(paths):
-        kept, trace = _analyse_rank(Path(path), index, world, max_events)
-        if index == 0:
-            world = _world_size(trace)
-            info = trace.meta.get("distributedInfo") or {}
-            backend = info.get("backend") if isinstance(info.get("backend"), str) else None
+        trace = load_rank_trace(Path(path), max_events=max_events)
+        check.add(trace)
+        if index == 0:  # the first file's world size and backend apply to all
+            world, backend = _distributed_info(trace)
+        passes.append(_analyse_rank(trace, index, world))
         del trace
-        passes.append(kept)
-        _check_ranks(passes)
     step_filter = len(set().union(*(p.step_symbols for p in passes))) >= 2
     instances = {p.summary.rank: p.instances for p in passes}
     matched = match_across_ranks(instances) if len(passes) > 1 else []

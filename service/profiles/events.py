@@ -134,7 +134,8 @@ class _Builder:
             raise TraceError(
                 t.path,
                 f"more than {self.max_events:,} complete events in one rank's trace: profile fewer steps "
-                "(a shorter schedule(active=...)), or raise the limit (--max-events) if the memory is there",
+                "(a shorter schedule(active=...)), or raise the limit if the memory is there "
+                "(`shardctl profile analyze --max-events`; SHARDCTL_MAX_TRACE_EVENTS for uploads)",
             )
         try:
             t.ts.append(float(ts))

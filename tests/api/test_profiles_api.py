@@ -100,3 +100,17 @@ def test_trace_files_posted_to_profiles_itself_are_analysed_too(env: Env, admin:
     assert profile["summary"]["ranks_present"] == [0, 1]
     # A member may read profiles but not post them, whichever form the body takes.
     assert env.client.post(f"/v1/jobs/{job_id}/profiles", files=files, headers=member).status_code == 403
+
+
+def test_a_job_whose_plan_cannot_be_read_still_gets_its_profile(env: Env, admin: dict[str, str]) -> None:
+    from service.store.models import Job
+
+    job_id, member = _job(env)
+    with env.app.state.sessions.begin() as session:
+        session.get(Job, job_id).plan = {"written by": "an older shardctl"}
+    files = [("files", (p.name, p.read_bytes(), "application/gzip")) for p in GLOO]
+    assert env.client.post(f"/v1/jobs/{job_id}/profiles/traces", files=files, headers=admin).status_code == 202
+    _wait_for(env, job_id, admin, "job.profile")
+    (profile,) = env.client.get(f"/v1/jobs/{job_id}/profiles", headers=member).json()
+    assert profile["summary"]["diagnosis"]["bound"] == "input" and profile["summary"]["diagnosis"]["plan"] is None
+    assert not list((env.app.state.settings.data_dir / "profiles" / str(job_id)).glob("*/*"))

@@ -202,3 +202,48 @@ def test_more_events_than_the_limit_are_refused_with_the_fix(tmp_path: Path) -> 
     with pytest.raises(TraceError, match=r"more than 500 complete events.*profile fewer steps") as err:
         analyze_traces([p], max_events=500)
     assert str(p) in str(err.value)
+
+
+def _undeclared(tmp_path: Path, name: str, kernel_us: float) -> Path:
+    """A trace without distributedInfo, whose single kernel's length tells which file it was."""
+    b = TraceBuilder()
+    b.step(1, 0, 100).kernel("sm90_gemm", 10, kernel_us)
+    doc = b.document()
+    del doc["distributedInfo"]
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_files_without_ranks_take_the_argument_order(tmp_path: Path) -> None:
+    a, b = _undeclared(tmp_path, "a.json", 30), _undeclared(tmp_path, "b.json", 60)
+    s = analyze_traces([b, a])
+    assert s.ranks_present == [0, 1]
+    assert s.ranks["0"].file == str(b) and s.ranks["0"].totals_us["compute"] == 60
+    assert s.ranks["1"].file == str(a) and s.ranks["1"].totals_us["compute"] == 30
+
+
+@pytest.mark.parametrize("undeclared_first", [True, False])
+def test_a_file_without_a_rank_among_files_with_one_is_named(tmp_path: Path, undeclared_first: bool) -> None:
+    bare, ranked = _undeclared(tmp_path, "bare.json", 30), _valid(tmp_path, "ranked.json", rank=1)
+    files = [bare, ranked] if undeclared_first else [ranked, bare]
+    with pytest.raises(TraceError, match=r"no distributedInfo\.rank while other files have one") as err:
+        analyze_traces(files)
+    assert err.value.path == bare
+
+
+def test_peak_memory_is_one_ranks_not_all_ranks(tmp_path: Path) -> None:
+    """Each rank's events are dropped before the next file is read: six ranks cost about one."""
+
+    def rank_file(rank: int) -> Path:
+        b = TraceBuilder(rank=rank, world=6)
+        for step in range(4):
+            b.step(step + 1, step * 20_000, 19_000)
+            for k in range(1_500):
+                b.kernel("sm90_gemm", step * 20_000 + 10 + k * 12, 8)
+        return b.write(tmp_path / f"rank-{rank}.json.gz", gz=True)
+
+    files = [rank_file(r) for r in range(6)]
+    _, one = _peak_of(lambda: analyze_traces(files[:1]))
+    _, six = _peak_of(lambda: analyze_traces(files))
+    assert six < 1.5 * one, f"one rank peaks at {one} bytes, six at {six}"

@@ -55,6 +55,23 @@ def test_hta_compat_uses_kernel_span_and_drops_last_step(tmp_path: Path) -> None
     assert h.comm_comp_overlap_pctg == 100.0
 
 
+def test_hta_drops_the_last_step_when_the_ranks_together_name_two(tmp_path: Path) -> None:
+    """HTA decides over all ranks: one step name per rank is one symbol alone, two together."""
+    paths = []
+    for rank in (0, 1):
+        b = TraceBuilder(rank=rank, world=2)
+        b.step(rank + 1, 0, 1_000)  # rank 0 holds ProfilerStep#1, rank 1 ProfilerStep#2
+        b.kernel(GEMM, 100, 50).kernel(GEMM, 2_000, 50)  # the second kernel is launched after the step
+        paths.append(b.write(tmp_path / f"rank-{rank}.json"))
+    alone = analyze_traces(paths[:1]).ranks["0"].hta_compat
+    assert not alone.last_step_dropped and alone.kernel_time_us == 1_950
+    together = analyze_traces(paths)
+    for rank in ("0", "1"):
+        h = together.ranks[rank].hta_compat
+        # HTA keeps CPU rows before the last step's start and the kernels they launched: none here
+        # (both steps start at 0), so nothing with a GPU stream is left.
+        assert h.last_step_dropped and not h.applicable
+
 
 def test_hta_compat_stays_exact_at_unix_microsecond_timestamps(tmp_path: Path) -> None:
     """Real traces stamp events in µs since the epoch (~1.7e15). Summing 4,000 such ends as floats
@@ -68,6 +85,7 @@ def test_hta_compat_stays_exact_at_unix_microsecond_timestamps(tmp_path: Path) -
     assert h.kernel_time_us == 10 * 3_999 + 4
     assert (h.compute_time_us, h.idle_time_us) == (4 * 4_000, 6 * 3_999)
     assert h.idle_time_pctg == 59.99
+
 
 def test_communication_bound(tmp_path: Path) -> None:
     b = TraceBuilder()

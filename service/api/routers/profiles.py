@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 import threading
 import uuid
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, File, Request, UploadFile
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -24,6 +25,7 @@ from service.store.models import Job, Measurement
 from service.store.states import add_event
 from service.store.tokens import Principal
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["profiles"])
 MAX_FILES = 64
 CHUNK = 1 << 20
@@ -62,9 +64,11 @@ def post_profile(job_id: JobId, summary: ProfileSummary, principal: Caller, db: 
 def post_traces(job_id: JobId, principal: Caller, db: Db, request: Request,
                 files: Annotated[list[UploadFile], File(description="One Chrome/Kineto trace per rank.")]
                 ) -> AnalysisAccepted:
-    """Each file is streamed to the data directory (at most `SHARDCTL_MAX_TRACE_BYTES` each, 512 MiB by
-    default, and 64 files); the analysis runs in a background thread and stores its summary, or a
-    `job.profile_failed` event with the reason. Nothing is kept of a refused upload."""
+    """Each file is copied to the data directory (at most `SHARDCTL_MAX_TRACE_BYTES` each, 512 MiB by
+    default, and 64 files; the multipart parser spools the body to temporary files first); the
+    analysis runs in a background thread, at most `SHARDCTL_MAX_TRACE_EVENTS` complete events per rank,
+    and stores its summary, or a `job.profile_failed` event with the reason. Nothing is kept of a
+    refused upload."""
     _reporter(principal)
     with db.begin() as session:
         visible_job(session, principal, job_id)
@@ -92,29 +96,47 @@ def post_traces(job_id: JobId, principal: Caller, db: Db, request: Request,
     except ApiError:
         shutil.rmtree(folder, ignore_errors=True)
         raise
-    threading.Thread(target=_analyse, args=(db, principal, job_id, paths, folder), daemon=True,
+    threading.Thread(target=_analyse, args=(db, principal, job_id, paths, folder, settings.max_trace_events),
+                     daemon=True,
                      name=f"profile-{job_id}-{upload}").start()
     return AnalysisAccepted(upload=upload, files=len(paths), bytes=total)
 
 
-def _analyse(db: sessionmaker[Session], principal: Principal, job_id: int, paths: list[Path], folder: Path) -> None:
+def _predicted_comm(db: sessionmaker[Session], job_id: int) -> float | None:
+    """The job's plan's exposed-communication share; None when the job or a usable plan is gone."""
     with db.begin() as session:
         job = session.get(Job, job_id)
-        predicted = StepEstimate.model_validate(job.plan["time"]).exposed_comm_fraction if job else None
+        if job is None:
+            return None
+        try:
+            return StepEstimate.model_validate(job.plan["time"]).exposed_comm_fraction
+        except (KeyError, TypeError, ValidationError):
+            return None
+
+
+def _analyse(db: sessionmaker[Session], principal: Principal, job_id: int, paths: list[Path], folder: Path,
+             max_events: int) -> None:
+    """Analyse, store the summary; on any failure record `job.profile_failed` with the reason. The
+    uploaded files are deleted either way."""
     try:
-        summary = analyze_traces(paths, predicted_comm_fraction=predicted)
+        predicted = _predicted_comm(db, job_id)
+        summary = analyze_traces(paths, predicted_comm_fraction=predicted, max_events=max_events)
+        outcome: tuple[str, Any] = ("profile", summary.model_dump(mode="json"))
     except TraceError as exc:
-        with db.begin() as session:
-            job = session.get(Job, job_id)
-            if job is not None:
-                add_event(session, job, actor=principal.actor, kind="job.profile_failed", message=str(exc))
-        return
+        outcome = ("failed", str(exc))
+    except Exception as exc:  # the thread is the only one that can still tell the user
+        log.exception("profile analysis of job %s failed", job_id)
+        outcome = ("failed", f"the analysis failed unexpectedly ({type(exc).__name__}: {exc})")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     with db.begin() as session:
         job = session.get(Job, job_id)
-        if job is not None:
-            add_measurement(session, principal, job, "profile", summary.model_dump(mode="json"))
+        if job is None:
+            return
+        if outcome[0] == "profile":
+            add_measurement(session, principal, job, "profile", outcome[1])
+        else:
+            add_event(session, job, actor=principal.actor, kind="job.profile_failed", message=outcome[1])
 
 
 @router.get("/{job_id}/profiles", response_model=list[ProfileOut], responses=ERRORS,
