@@ -103,6 +103,34 @@ def test_a_two_node_job_succeeds_and_reports_both_nodes(backend: SlurmBackend) -
     assert sacct_states(handle.backend_id) == ["COMPLETED"]
 
 
+
+def test_the_lagging_moments_of_a_finished_job_read_as_running_on_all_its_nodes(backend: SlurmBackend) -> None:
+    """Two windows the real cluster opens only briefly, replayed on its real output: sacct has not
+    recorded a finished job yet, and squeue lists only the nodes still completing. Neither may
+    produce a verdict, nor lose a node."""
+    handle = backend.submit(launch_request(py("print('ok')"), nodes=2, procs_per_node=1))
+    done = wait_for(backend, handle, lambda o: o.state in TERMINAL)
+    assert done.state == RunState.SUCCEEDED and done.nodes == ["node1", "node2"]
+
+    def sacct_lags(args: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+        if args[0] == "sacct":
+            return subprocess.CompletedProcess(args, 0, "", "")
+        return subprocess.run(args, **kw)
+
+    def completing(args: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+        real = subprocess.run(args, **kw)
+        out = real.stdout
+        if args[0] == "sacct":
+            out = out.replace("|COMPLETED|", "|RUNNING|")
+        elif args[0] == "squeue":
+            out = out.replace("|COMPLETED|node[1-2]|", "|COMPLETING|node1|")
+        return subprocess.CompletedProcess(args, real.returncode, out, real.stderr)
+
+    lagging = SlurmBackend(folder=backend.folder, runner=sacct_lags).poll([handle])[handle.name]
+    assert lagging.state == RunState.RUNNING and lagging.exit_code is None
+    finishing = SlurmBackend(folder=backend.folder, runner=completing).poll([handle])[handle.name]
+    assert finishing.state == RunState.RUNNING and finishing.nodes == ["node1", "node2"]
+
 def test_a_failing_program_is_failed_with_its_exit_code_and_log_tail(backend: SlurmBackend) -> None:
     code = "import os, sys; print('loss is nan on rank', os.environ['RANK'], flush=True); sys.exit(3)"
     handle = backend.submit(launch_request(py(code), nodes=2))

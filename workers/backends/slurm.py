@@ -125,6 +125,14 @@ class SlurmOptions(BaseModel):
 #: Slurm states in which a job is not finished: squeue's view of these beats sacct's (which lags)
 _LIVE = frozenset({"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING",
                    "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"})
+
+
+def _allocated(accounted: str, current: str) -> str:
+    """The job's node list: sacct's allocation when it has one. squeue shrinks its list while a job
+    completes (a node that finished its epilog leaves it), so it only fills in what sacct lacks."""
+    return accounted if accounted and accounted != "None assigned" else current
+
+
 #: sbatch flags the backend sets itself: a spec may not override them (use the spec's own fields instead)
 _RESERVED_FLAGS = frozenset({"job-name", "nodes", "ntasks-per-node", "ntasks", "time", "output", "error",
                              "signal", "open-mode", "partition", "account", "qos", "array", "wrap", "chdir"})
@@ -467,11 +475,15 @@ class SlurmBackend:
             if job_id is not None and job_id in records:
                 recs = records[job_id]
                 if now is not None and now["State"] in _LIVE:  # fresher than sacct; sacct keeps the history
-                    recs = [*recs[:-1], {**recs[-1], **{k: now[k] for k in ("State", "NodeList")}}]
+                    recs = [*recs[:-1], {**recs[-1], "State": now["State"],
+                                         "NodeList": _allocated(recs[-1]["NodeList"], now["NodeList"])}]
                 elif now is not None and recs[-1]["State"] == "PENDING" and now["State"] != "CANCELLED":
                     # it ran and ended; sacct has not caught up: RUNNING until sacct has its exit code
                     recs = [*recs[:-1], {**recs[-1], "State": "RUNNING", "NodeList": now["NodeList"]}]
                 out[h.name] = self._observe(h.name, recs)
+            elif now is not None and now["State"] not in _LIVE and now["State"] != "CANCELLED":
+                # ended before sacct ever saw it: its exit code and node list are sacct's to give
+                out[h.name] = self._observe(h.name, [{**now, "State": "RUNNING"}])
             elif now is not None:
                 out[h.name] = self._observe(h.name, [now])
             else:
