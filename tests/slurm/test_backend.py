@@ -8,13 +8,14 @@ import json
 import subprocess
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.slurm.conftest import TERMINAL, URGENT, launch_request, py, sacct_count_by_name, sacct_states, wait_for
-from workers.backends.base import Backend, BackendUnavailable, Handle, LaunchRequest, RunState
+from workers.backends.base import Backend, BackendUnavailable, Handle, LaunchRequest, Observation, RunState
 from workers.backends.slurm import SlurmBackend, SlurmObservation, expand_nodelist, time_limit_minutes
 
 GOLDEN = Path(__file__).parent / "golden" / "render.json"
@@ -104,32 +105,45 @@ def test_a_two_node_job_succeeds_and_reports_both_nodes(backend: SlurmBackend) -
 
 
 
+def sacct_nodelist(job_id: str | None) -> str:
+    return subprocess.run(["sacct", "-n", "-P", "-X", "-j", str(job_id), "-o", "NodeList"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+
 def test_the_lagging_moments_of_a_finished_job_read_as_running_on_all_its_nodes(backend: SlurmBackend) -> None:
-    """Two windows the real cluster opens only briefly, replayed on its real output: sacct has not
-    recorded a finished job yet, and squeue lists only the nodes still completing. Neither may
-    produce a verdict, nor lose a node."""
+    """Three windows the real cluster opens for a second or two, replayed on its real output: sacct
+    has not recorded a finished job yet; sacct has, on its batch host alone (NNodes already 2); squeue
+    lists only the nodes still completing. None may give a verdict early or lose a node."""
     handle = backend.submit(launch_request(py("print('ok')"), nodes=2, procs_per_node=1))
     done = wait_for(backend, handle, lambda o: o.state in TERMINAL)
     assert done.state == RunState.SUCCEEDED and done.nodes == ["node1", "node2"]
+    deadline = time.monotonic() + 30
+    while sacct_nodelist(handle.backend_id) != "node[1-2]":  # settled, so each replay starts alike
+        assert time.monotonic() < deadline, sacct_nodelist(handle.backend_id)
+        time.sleep(0.3)
 
-    def sacct_lags(args: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
-        if args[0] == "sacct":
-            return subprocess.CompletedProcess(args, 0, "", "")
-        return subprocess.run(args, **kw)
+    def replay(sacct: Callable[[str], str], squeue: Callable[[str], str]) -> Observation:
+        def runner(args: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+            real = subprocess.run(args, **kw)
+            out = {"sacct": sacct, "squeue": squeue}.get(args[0], lambda o: o)(real.stdout)
+            return subprocess.CompletedProcess(args, real.returncode, out, real.stderr)
 
-    def completing(args: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
-        real = subprocess.run(args, **kw)
-        out = real.stdout
-        if args[0] == "sacct":
-            out = out.replace("|COMPLETED|", "|RUNNING|")
-        elif args[0] == "squeue":
-            out = out.replace("|COMPLETED|node[1-2]|", "|COMPLETING|node1|")
-        return subprocess.CompletedProcess(args, real.returncode, out, real.stderr)
+        return SlurmBackend(folder=backend.folder, runner=runner).poll([handle])[handle.name]
 
-    lagging = SlurmBackend(folder=backend.folder, runner=sacct_lags).poll([handle])[handle.name]
-    assert lagging.state == RunState.RUNNING and lagging.exit_code is None
-    finishing = SlurmBackend(folder=backend.folder, runner=completing).poll([handle])[handle.name]
-    assert finishing.state == RunState.RUNNING and finishing.nodes == ["node1", "node2"]
+    def same(out: str) -> str:
+        return out
+
+    not_yet = replay(lambda out: "", same)
+    assert not_yet.state == RunState.RUNNING and not_yet.exit_code is None
+    batch_host_only = replay(lambda out: out.replace("|node[1-2]|", "|node1|"), same)
+    assert batch_host_only.state == RunState.SUCCEEDED and batch_host_only.nodes == ["node1", "node2"]
+    nowhere_complete = replay(lambda out: out.replace("|node[1-2]|", "|node1|"),
+                              lambda out: out.replace("|node[1-2]|", "|node1|"))
+    assert nowhere_complete.state == RunState.RUNNING and nowhere_complete.exit_code is None
+    completing = replay(lambda out: out.replace("|COMPLETED|", "|RUNNING|"),
+                        lambda out: out.replace("|COMPLETED|node[1-2]|", "|COMPLETING|node1|"))
+    assert completing.state == RunState.RUNNING and completing.nodes == ["node1", "node2"]
+
 
 def test_a_failing_program_is_failed_with_its_exit_code_and_log_tail(backend: SlurmBackend) -> None:
     code = "import os, sys; print('loss is nan on rank', os.environ['RANK'], flush=True); sys.exit(3)"

@@ -72,8 +72,8 @@ _UNREACHABLE = re.compile(
 _SBATCH_FLAG = re.compile(r"^--([a-z][a-z0-9-]*)(?:=(.*))?$", re.DOTALL)
 _TIME_LIMIT = re.compile(r"^(?:(\d+)-)?(\d{1,2}):(\d{2})(?::(\d{2}))?$")
 _EXITCODE_IN_TORCHRUN_REPORT = re.compile(r"exitcode\s*:\s*(-?\d+)")
-_SACCT_FIELDS = ("JobIDRaw", "JobName", "State", "ExitCode", "NodeList", "Reason", "WorkDir")
-_SQUEUE_FORMAT = "%i|%j|%T|%N|%r|%Z"
+_SACCT_FIELDS = ("JobIDRaw", "JobName", "State", "ExitCode", "NodeList", "Reason", "WorkDir", "NNodes")
+_SQUEUE_FORMAT = "%i|%j|%T|%N|%r|%Z|%D"
 LOG_TAIL_LINES = 30
 #: terminal Slurm states that are failures -> (failure class, words for the reason)
 _FAILED_STATES: dict[str, tuple[FailureClass, str]] = {
@@ -127,10 +127,18 @@ _LIVE = frozenset({"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FE
                    "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"})
 
 
-def _allocated(accounted: str, current: str) -> str:
-    """The job's node list: sacct's allocation when it has one. squeue shrinks its list while a job
-    completes (a node that finished its epilog leaves it), so it only fills in what sacct lacks."""
-    return accounted if accounted and accounted != "None assigned" else current
+def _fuller(accounted: str, current: str) -> str:
+    """The longer of sacct's and squeue's node lists (sacct's on a tie). Each is short for a moment:
+    squeue drops each node that has finished its epilog while a job completes, and sacct first
+    records a just-finished job on its batch host alone (NNodes already says how many it had)."""
+    return current if len(expand_nodelist(current)) > len(expand_nodelist(accounted)) else accounted
+
+
+def _nodes_complete(rec: dict[str, str]) -> bool:
+    """The record lists as many nodes as it says the job had (NNodes). A job that never got nodes
+    (`None assigned`) or an unknown count is complete: only a partly recorded list is not."""
+    count, nodes = rec.get("NNodes", ""), expand_nodelist(rec["NodeList"])
+    return not count.isdigit() or not nodes or len(nodes) >= int(count)
 
 
 #: sbatch flags the backend sets itself: a spec may not override them (use the spec's own fields instead)
@@ -464,7 +472,8 @@ class SlurmBackend:
         # squeue is the controller's current view; sacct lags it by up to seconds (slurmdbd). One squeue
         # for the handles sacct does not know yet or still shows PENDING/RUNNING.
         fresh = [h for h in handles
-                 if want.get(h.name) not in records or records[want[h.name]][-1]["State"].split(" ")[0] in _LIVE]
+                 if want.get(h.name) not in records or records[want[h.name]][-1]["State"].split(" ")[0] in _LIVE
+                 or not _nodes_complete(records[want[h.name]][-1])]
         live: dict[str, dict[str, str]] = self._squeue([h.name for h in fresh]) if fresh else {}
         for h in handles:
             job_id = want.get(h.name)
@@ -476,7 +485,9 @@ class SlurmBackend:
                 recs = records[job_id]
                 if now is not None and now["State"] in _LIVE:  # fresher than sacct; sacct keeps the history
                     recs = [*recs[:-1], {**recs[-1], "State": now["State"],
-                                         "NodeList": _allocated(recs[-1]["NodeList"], now["NodeList"])}]
+                                         "NodeList": _fuller(recs[-1]["NodeList"], now["NodeList"])}]
+                elif now is not None and not _nodes_complete(recs[-1]):
+                    recs = [*recs[:-1], {**recs[-1], "NodeList": _fuller(recs[-1]["NodeList"], now["NodeList"])}]
                 elif now is not None and recs[-1]["State"] == "PENDING" and now["State"] != "CANCELLED":
                     # it ran and ended; sacct has not caught up: RUNNING until sacct has its exit code
                     recs = [*recs[:-1], {**recs[-1], "State": "RUNNING", "NodeList": now["NodeList"]}]
@@ -498,10 +509,10 @@ class SlurmBackend:
             raise BackendUnavailable(f"squeue: {proc.stderr.strip()}")
         live: dict[str, dict[str, str]] = {}
         for line in proc.stdout.splitlines():
-            job_id, name, state, nodelist, reason, workdir = (line.split("|") + [""] * 6)[:6]
+            job_id, name, state, nodelist, reason, workdir, count = (line.split("|") + [""] * 7)[:7]
             if job_id.isdigit() and (name not in live or int(job_id) > int(live[name]["JobIDRaw"])):
                 live[name] = {"JobIDRaw": job_id, "JobName": name, "State": state, "ExitCode": "0:0",
-                              "NodeList": nodelist, "Reason": reason, "WorkDir": workdir}
+                              "NodeList": nodelist, "Reason": reason, "WorkDir": workdir, "NNodes": count}
         return live
 
     def _observe(self, name: str, recs: list[dict[str, str]]) -> SlurmObservation:
@@ -535,6 +546,9 @@ class SlurmBackend:
             mapped = _FAILED_STATES.get(slurm_state, ("lost", f"Slurm state {slurm_state}"))
             failure, why = mapped
             reason = f"{why} (Slurm {slurm_state}, exit {cur['ExitCode']})"
+        if state in (RunState.SUCCEEDED, RunState.FAILED) and not _nodes_complete(cur):
+            # accounting has not recorded all its nodes yet: no verdict until it has
+            state, exit_code, failure, reason = RunState.RUNNING, None, None, "ended; Slurm is still recording it"
         obs = SlurmObservation(state=state, nodes=nodes, exit_code=exit_code, failure=failure, reason=reason,
                                job_id=cur["JobIDRaw"], slurm_state=slurm_state, requeues=len(earlier),
                                requeue_reasons=requeue_reasons)
