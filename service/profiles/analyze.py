@@ -12,9 +12,11 @@ from service.profiles.diagnosis import diagnose
 from service.profiles.errors import TraceError
 from service.profiles.events import DEFAULT_MAX_EVENTS, RankTrace, load_rank_trace
 from service.profiles.hta_compat import hta_compat_for_rank, local_step_symbols
+from service.profiles.intervals import Union, clip, intersect, measure, subtract, union
 from service.profiles.models import CrossRank, HtaCompat, ProfileSummary, RankSummary, Straggler
+from service.profiles.partition import add_partitions, move_to_idle
 from service.profiles.rank_summary import rank_summary
-from service.profiles.stats import percentile
+from service.profiles.stats import pct, percentile
 from service.profiles.timeline import Window, build_timeline
 
 
@@ -63,6 +65,7 @@ class _RankPass:
     instances: list[Instance]
     step_symbols: set[str]
     hta: dict[bool, HtaCompat]
+    comm_alone: Union  # communication with no compute or memory copy beside it, inside the windows
 
 
 def _analyse_rank(trace: RankTrace, index: int, world: int | None) -> _RankPass:
@@ -78,7 +81,31 @@ def _analyse_rank(trace: RankTrace, index: int, world: int | None) -> _RankPass:
     instances = collect_instances(trace, tl, world)
     rank = trace.rank if trace.rank is not None else index
     summary = rank_summary(rank, trace, tl, instances, 0.0, hta[choices[0]])
-    return _RankPass(trace.path, trace.rank, summary, tl.windows, instances, symbols, hta)
+    in_windows = intersect(tl.comm, union((w.start, w.end) for w in tl.windows))
+    comm_alone = subtract(subtract(in_windows, tl.compute), tl.memory)
+    return _RankPass(trace.path, trace.rank, summary, tl.windows, instances, symbols, hta, comm_alone)
+
+
+def _with_peer_wait(p: _RankPass, total_us: float, waiting: Union, step_filter: bool) -> RankSummary:
+    """The rank's summary with the time it waited on peers, where nothing else ran, moved from
+    communication to idle in every step, and HTA's step decision applied."""
+    alone = intersect(waiting, p.comm_alone)
+    steps = []
+    moved_total = 0.0
+    for step in p.summary.per_step:
+        moved = move_to_idle(step.partition, measure(clip(alone, step.start_us, step.start_us + step.duration_us)))
+        moved_total += moved.idle_us - step.partition.idle_us
+        steps.append(step.model_copy(update={"partition": moved}))
+    partition = add_partitions([s.partition for s in steps]) if steps else p.summary.partition
+    exposed = partition.comm_only_us + partition.comm_memory_us
+    overlap = p.summary.overlap.model_copy(update={
+        "waiting_on_peer_us": round(total_us, 3),
+        "exposed_comm_us": round(exposed, 3),
+        "exposed_comm_pct_of_window": pct(exposed, partition.window_us),
+    })
+    idle = p.summary.idle.model_copy(update={"waiting_on_peer_us": round(moved_total, 3)})
+    return p.summary.model_copy(update={"per_step": steps, "partition": partition, "overlap": overlap,
+                                        "idle": idle, "hta_compat": p.hta[step_filter]})
 
 
 def _distributed_info(trace: RankTrace) -> tuple[int | None, str | None]:
@@ -145,16 +172,18 @@ def analyze_traces(
     instances = {p.summary.rank: p.instances for p in passes}
     matched = match_across_ranks(instances) if len(passes) > 1 else []
     peer_wait = dict.fromkeys(instances, 0.0)
+    waiting: dict[int, list[tuple[float, float]]] = {r: [] for r in instances}
     windows = {p.summary.rank: p.windows for p in passes}
     for m in matched:
         fastest = min(c.dur for c in m.values())
         for r, c in m.items():
-            if any(w.start <= c.start < w.end for w in windows[r]):
+            if c.dur > fastest and any(w.start <= c.start < w.end for w in windows[r]):
+                # Clock-free: a rank that arrived early spends its extra duration, at the start of the
+                # collective, waiting for the last peer (all ranks leave a collective together).
                 peer_wait[r] += c.dur - fastest
-    summaries = []
-    for p in passes:
-        overlap = p.summary.overlap.model_copy(update={"waiting_on_peer_us": round(peer_wait[p.summary.rank], 3)})
-        summaries.append(p.summary.model_copy(update={"overlap": overlap, "hta_compat": p.hta[step_filter]}))
+                waiting[r].append((c.start, c.start + c.dur - fastest))
+    summaries = [_with_peer_wait(p, peer_wait[p.summary.rank], union(waiting[p.summary.rank]), step_filter)
+                 for p in passes]
     summaries.sort(key=lambda s: s.rank)
     cross = _cross_rank(summaries, matched)  # type: ignore[arg-type]
     return ProfileSummary(

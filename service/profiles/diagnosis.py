@@ -54,15 +54,15 @@ ADVICE = {
 
 def _scores(r: RankSummary) -> dict[str, float]:
     """Shares of the window. Time a rank spends inside a collective waiting for a late peer is not
-    communication: it is the late rank's bottleneck (often its input pipeline), so it is left out of
-    every class here and the late rank's own scores carry the verdict."""
+    communication: it is the late rank's bottleneck (often its input pipeline). The partition already
+    counts it as idle (``idle.waiting_on_peer_us``); it is left out of every class here, so the late
+    rank's own scores carry the verdict."""
     p, w, idle = r.partition, r.window_us, r.idle
     compute = p.compute_only_us + p.compute_comm_us + p.compute_memory_us + p.compute_comm_memory_us
     exposed = p.comm_only_us + p.comm_memory_us
-    waiting = min(exposed, r.overlap.waiting_on_peer_us or 0.0)
     return {
         "compute": pct(compute, w),
-        "communication": pct(exposed - waiting, w),
+        "communication": pct(exposed, w),
         "memory": pct(p.memory_only_us, w),
         "input": pct(idle.data_loader_us, w),
         "host_launch": pct(idle.host_wait_us + idle.kernel_wait_us, w),

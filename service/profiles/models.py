@@ -55,13 +55,16 @@ class Partition(_Model):
 
 class IdleBreakdown(_Model):
     """Exclusive split of ``Partition.idle_us`` (attributed in this order: data_loader, sync_wait,
-    host_wait, kernel_wait, other). host/kernel wait exist only for GPU traces."""
+    host_wait, kernel_wait, other). host/kernel wait exist only for GPU traces. ``waiting_on_peer_us``
+    is time this rank sat in a collective, with nothing else running, until a late peer arrived: it
+    is taken out of ``comm_only_us`` (it is the peer's bottleneck, not communication) and is idle."""
 
     data_loader_us: float
     sync_wait_us: float
     host_wait_us: float
     kernel_wait_us: float
     other_us: float
+    waiting_on_peer_us: float = 0.0
 
 
 class StepResult(_Model):

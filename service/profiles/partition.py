@@ -69,3 +69,13 @@ def add_idle(items: list[IdleBreakdown]) -> IdleBreakdown:
     return IdleBreakdown(
         **{k: round(sum(getattr(i, k) for i in items), 3) for k in IdleBreakdown.model_fields}
     )
+
+
+def move_to_idle(p: Partition, waiting_us: float) -> Partition:
+    """``p`` with ``waiting_us`` of ``comm_only_us`` moved to ``idle_us`` (a rank waiting for a peer)."""
+    waiting = round(min(max(waiting_us, 0.0), p.comm_only_us), 3)
+    fields = {k: getattr(p, k) for k in Partition.model_fields if k.endswith("_us")}
+    fields["comm_only_us"] = round(fields["comm_only_us"] - waiting, 3)
+    fields["idle_us"] = round(fields["idle_us"] + waiting, 3)
+    window = fields.pop("window_us")
+    return Partition(window_us=window, pct={k[:-3]: pct(v, window) for k, v in fields.items()}, **fields)

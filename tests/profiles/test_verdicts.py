@@ -188,3 +188,27 @@ def test_partition_sums_to_window_for_every_step(tmp_path: Path) -> None:
         parts = st.partition.model_dump()
         total = sum(v for k, v in parts.items() if k.endswith("_us") and k != "window_us")
         assert total == pytest.approx(st.duration_us, abs=1e-6)
+
+
+
+def test_waiting_for_a_late_peer_is_idle_not_communication(tmp_path: Path) -> None:
+    """Rank 1 computes 120 µs before the all-reduce, rank 0 only 50: rank 0 enters at 50 and waits
+    70 µs for rank 1. Both leave at 150, so rank 0's all-reduce lasts 100 µs and rank 1's 30."""
+    paths = []
+    for rank, gemm_us in ((0, 50), (1, 120)):
+        b = TraceBuilder(rank=rank, world=2)
+        b.step(1, -10, 200)
+        b.kernel(GEMM, 0, gemm_us).kernel(NCCL, gemm_us, 150 - gemm_us, stream=21)
+        paths.append(b.write(tmp_path / f"rank-{rank}.json"))
+    s = analyze_traces(paths)
+    r0, r1 = s.ranks["0"], s.ranks["1"]
+    assert r0.overlap.waiting_on_peer_us == 70 and r1.overlap.waiting_on_peer_us == 0
+    p0 = r0.partition
+    assert (p0.window_us, p0.compute_only_us, p0.comm_only_us, p0.idle_us) == (150, 50, 30, 70)
+    assert r0.idle.waiting_on_peer_us == 70 and r0.overlap.exposed_comm_us == 30
+    assert sum(v for k, v in p0.pct.items()) == pytest.approx(100, abs=0.05)
+    p1 = r1.partition
+    assert (p1.compute_only_us, p1.comm_only_us, p1.idle_us) == (120, 30, 0)
+    assert s.cross_rank.straggler is not None and s.cross_rank.straggler.rank == 1
+    # exposed communication is 20 % on both ranks: compute (33 % and 80 %) bounds the run
+    assert s.diagnosis.scores_pct["communication"] == 20.0 and s.diagnosis.bound == "compute"
