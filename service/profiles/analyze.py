@@ -80,7 +80,7 @@ def _analyse_rank(trace: RankTrace, index: int, world: int | None) -> _RankPass:
         raise TraceError(trace.path, "no compute, communication or step events to analyse")
     instances = collect_instances(trace, tl, world)
     rank = trace.rank if trace.rank is not None else index
-    summary = rank_summary(rank, trace, tl, instances, 0.0, hta[choices[0]])
+    summary = rank_summary(rank, trace, tl, instances, hta[choices[0]])
     in_windows = intersect(tl.comm, union((w.start, w.end) for w in tl.windows))
     comm_alone = subtract(subtract(in_windows, tl.compute), tl.memory)
     return _RankPass(trace.path, trace.rank, summary, tl.windows, instances, symbols, hta, comm_alone)

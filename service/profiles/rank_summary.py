@@ -116,7 +116,7 @@ def _launch_stats(t: RankTrace, tl: Timeline, windows: list[Window]) -> LaunchSt
 
 
 def rank_summary(
-    rank: int, t: RankTrace, tl: Timeline, instances: list[Instance], peer_wait_us: float, hta: HtaCompat
+    rank: int, t: RankTrace, tl: Timeline, instances: list[Instance], hta: HtaCompat
 ) -> RankSummary:
     windows = tl.windows
     per_step: list[StepResult] = []
@@ -152,7 +152,7 @@ def rank_summary(
             comm_overlapped_by_compute_pct=pct(measure(intersect(comp, comm)), comm_us) if comm_us else None,
             exposed_comm_us=round(exposed, 3),
             exposed_comm_pct_of_window=pct(exposed, window_us),
-            waiting_on_peer_us=round(peer_wait_us, 3),
+            waiting_on_peer_us=0.0,  # needs every rank: analyze.py fills it in, with the idle split
         ),
         totals_us={
             "compute": round(measure(comp), 3),
