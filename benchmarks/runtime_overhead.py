@@ -54,7 +54,7 @@ def worker(args: argparse.Namespace) -> None:
     from service.planner import Layout, estimate
     from service.planner.models import resolve_model
     from service.spec import TrainingSpec
-    from workers.runtime import Decoder, DecoderConfig, apply_plan, build_mesh, init_distributed, pick_device
+    from workers.runtime import Decoder, apply_plan, build_mesh, init_distributed, pick_device
     from workers.runtime.data import local_batch
     from workers.runtime.model import Block
     from workers.runtime.parallelize import cross_entropy
@@ -76,7 +76,7 @@ def worker(args: argparse.Namespace) -> None:
 
     def fresh() -> Decoder:
         torch.manual_seed(0)
-        return Decoder(DecoderConfig.from_shape(shape)).to(device)
+        return Decoder(shape).to(device)
 
     def timed(variants: dict[str, Callable[[], None]], n: int) -> dict[str, float]:
         """Median step time of each variant, the variants' steps interleaved (see the docstring)."""

@@ -41,7 +41,3 @@ class Settings(BaseSettings):
                 url = "postgresql+psycopg://" + url.split("://", 1)[1]
             return url
         return f"sqlite:///{self.data_dir / 'shardctl.db'}"
-
-
-def load_settings() -> Settings:
-    return Settings()

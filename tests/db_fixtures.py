@@ -24,7 +24,7 @@ from sqlalchemy.engine import make_url
 from service.api.app import create_app
 from service.settings import Settings
 from service.store import migrate
-from service.store.db import make_engine, make_sessionmaker
+from service.store.db import make_engine
 from service.store.models import Base
 from service.store.tokens import create_token, ensure_team
 
@@ -159,4 +159,4 @@ def live(env: Env) -> Iterator[str]:
         yield url
 
 
-__all__ = ["Env", "LiveServer", "make_sessionmaker"]
+__all__ = ["Env", "LiveServer"]

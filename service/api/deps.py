@@ -50,5 +50,13 @@ def require_person(principal: Caller) -> Principal:
     return principal
 
 
+def require_reporter(principal: Caller) -> Principal:
+    """A job's own token, or an admin: those who report measurements and profiles on a job."""
+    if principal.role == "member":
+        raise ApiError(403, "forbidden", "only the job's own token (or an admin) reports on a job")
+    return principal
+
+
 Admin = Annotated[Principal, Depends(require_admin)]
 Person = Annotated[Principal, Depends(require_person)]
+Reporter = Annotated[Principal, Depends(require_reporter)]

@@ -37,14 +37,19 @@ def out_json(data: Any) -> None:
     console.out(json.dumps(data, indent=2, default=str))
 
 
-def _bootstrap_admin(settings: Settings, name: str) -> str:
-    """Create an admin token directly in the database (first start) and keep it in the CLI config."""
+def _sessions(settings: Settings) -> Any:
+    """A sessionmaker on the database `settings` names, migrated first (one engine per process)."""
     from service.store import migrate
     from service.store.db import make_engine, make_sessionmaker
-    from service.store.tokens import create_token
 
     migrate.upgrade(settings.resolved_database_url)
-    sessions = make_sessionmaker(make_engine(settings.resolved_database_url))
+    return make_sessionmaker(make_engine(settings.resolved_database_url))
+
+
+def _bootstrap_admin(sessions: Any, name: str) -> str:
+    """Create an admin token directly in the database (first start); returns its secret."""
+    from service.store.tokens import create_token
+
     with sessions.begin() as session:
         _, secret = create_token(session, role="admin", name=name)
     return secret
@@ -59,31 +64,29 @@ def serve(host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0
     import uvicorn
 
     from service.api.app import create_app
-    from service.store import migrate
-    from service.store.db import make_engine, make_sessionmaker
     from service.store.tokens import has_admin
-
-    settings = Settings()
-    migrate.upgrade(settings.resolved_database_url)
-    engine = make_engine(settings.resolved_database_url)
-    with make_sessionmaker(engine).begin() as session:
-        empty = not has_admin(session)
-    url = f"http://{host}:{port}"
-    if empty:
-        secret = _bootstrap_admin(settings, "first admin (serve)")
-        path = write_config(url=url, token=secret)
-        err.print(f"[bold]First start: admin token (shown once, saved to {path}):[/]\n{secret}")
-    err.print(f"shardctl API on {url} (database: {settings.resolved_database_url.split('@')[-1]})")
-    stop = threading.Event()
-    if with_dispatcher:
-        thread = threading.Thread(target=_dispatcher(settings, public_url=url).run_forever,
-                                  args=(stop, settings.dispatcher_interval_s), daemon=True, name="dispatcher")
-        thread.start()
-        err.print("dispatcher running in this process")
     from workers.backends.registry import make_backends
     from workers.dispatcher import launch_preview
 
-    preview = launch_preview(make_backends(settings), url)
+    settings = Settings()
+    sessions = _sessions(settings)
+    engine = sessions.kw["bind"]
+    with sessions.begin() as session:
+        empty = not has_admin(session)
+    url = f"http://{host}:{port}"
+    if empty:
+        secret = _bootstrap_admin(sessions, "first admin (serve)")
+        path = write_config(url=url, token=secret)
+        err.print(f"[bold]First start: admin token (shown once, saved to {path}):[/]\n{secret}")
+    err.print(f"shardctl API on {url} (database: {settings.resolved_database_url.split('@')[-1]})")
+    backends = make_backends(settings)
+    stop = threading.Event()
+    if with_dispatcher:
+        thread = threading.Thread(target=_dispatcher(settings, sessions, backends, public_url=url).run_forever,
+                                  args=(stop, settings.dispatcher_interval_s), daemon=True, name="dispatcher")
+        thread.start()
+        err.print("dispatcher running in this process")
+    preview = launch_preview(backends, url)
     try:
         uvicorn.run(create_app(settings, engine=engine, launch_preview=preview), host=host, port=port,
                     log_level="warning")
@@ -91,16 +94,13 @@ def serve(host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0
         stop.set()
 
 
-def _dispatcher(settings: Settings, public_url: str | None = None) -> Any:
-    from service.store.db import make_engine, make_sessionmaker
-    from workers.backends.registry import make_backends
+def _dispatcher(settings: Settings, sessions: Any, backends: Any, public_url: str | None = None) -> Any:
     from workers.dispatcher import Dispatcher, DispatcherConfig
 
-    sessions = make_sessionmaker(make_engine(settings.resolved_database_url))
     config = DispatcherConfig(lease_s=settings.dispatcher_lease_s, batch=settings.dispatcher_batch,
                               max_attempts=settings.max_attempts, retry_backoff_s=settings.retry_backoff_s,
                               api_url=public_url or settings.public_url)
-    return Dispatcher(sessions, make_backends(settings), config)
+    return Dispatcher(sessions, backends, config)
 
 
 def worker(once: Annotated[bool, typer.Option("--once", help="Run one cycle and exit.")] = False) -> None:
@@ -108,12 +108,11 @@ def worker(once: Annotated[bool, typer.Option("--once", help="Run one cycle and 
     replicas against PostgreSQL."""
     import signal as signals
 
-    from service.store import migrate
+    from workers.backends.registry import make_backends
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = Settings()
-    migrate.upgrade(settings.resolved_database_url)
-    dispatcher = _dispatcher(settings)
+    dispatcher = _dispatcher(settings, _sessions(settings), make_backends(settings))
     if once:
         report = dispatcher.run_once()
         console.out(json.dumps({"submitted": report.submitted, "adopted": report.adopted,
@@ -141,7 +140,7 @@ def token_create(
     start) and saves the token in the CLI config; otherwise an admin token calls the API."""
     try:
         if admin:
-            secret = _bootstrap_admin(Settings(), name or "admin (cli)")
+            secret = _bootstrap_admin(_sessions(Settings()), name or "admin (cli)")
             write_config(url=api_url(), token=secret)
             data: dict[str, Any] = {"token": secret}
         else:
@@ -250,7 +249,7 @@ def jobs(status: Annotated[list[str] | None, typer.Option("--status", help="Repe
          team: Annotated[str | None, typer.Option()] = None,
          backend: Annotated[str | None, typer.Option()] = None,
          name: Annotated[str | None, typer.Option()] = None,
-         limit: Annotated[int, typer.Option(min=1, max=200)] = 50,
+         limit: Annotated[int, typer.Option(min=1, max=200)] = 50,  # service.store.jobs.MAX_PAGE
          as_json: JsonOpt = False) -> None:
     """List jobs, newest first."""
     params: dict[str, Any] = {"limit": limit, "team": team, "backend": backend, "name": name}
@@ -309,7 +308,7 @@ def measured_table(report: dict[str, Any]) -> Table:
             ("optimizer", "optimizer", "optimizer", True), ("peak memory", "peak_allocated", "peak", True),
             ("step time", "step_s", "step_s", False), ("tokens/s", "tokens_per_s", "tokens_per_s", False)]
     for label, p_key, m_key, is_bytes in rows:
-        p, m, r = predicted.get(p_key), measured.get(m_key), ratios.get(m_key if m_key != "peak" else "peak")
+        p, m, r = predicted.get(p_key), measured.get(m_key), ratios.get(m_key)
 
         def fmt(v: Any, as_bytes: bool = is_bytes, key: str = p_key) -> str:
             if v is None:

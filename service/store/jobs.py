@@ -66,7 +66,7 @@ def create_job(session: Session, new: NewJob, *, actor: str, idempotency: tuple[
     session.add(job)
     session.flush()
     add_event(session, job, actor=actor, kind="job.queued", message="planned and queued",
-              data={"layout": new.plan.get("layout"), "step_s": new.plan.get("time", {}).get("step_s")})
+              data={"layout": new.plan.get("layout"), "step_s": time.get("step_s")})
     if idempotency is not None:
         scope, key, digest = idempotency
         session.add(IdempotencyKey(scope=scope, key=key, body_hash=digest, job_id=job.id))
@@ -143,7 +143,7 @@ def list_jobs(session: Session, principal: Principal, filters: JobFilter, *, lim
 def cancel_job(session: Session, principal: Principal, job_id: int) -> Job:
     """Idempotent: QUEUED -> CANCELLED now; SUBMITTING/PENDING/RUNNING -> CANCELLING (the dispatcher
     finishes it); CANCELLING or terminal: unchanged."""
-    job = visible_job(session, principal, job_id, for_update=True)
+    job = visible_job(session, principal, job_id, for_update=True, detail=True)  # the response shows it all
     status = JobStatus(job.status)
     if status == JobStatus.QUEUED:
         transition(session, job, JobStatus.CANCELLED, actor=principal.actor, message="cancelled before submission")

@@ -21,7 +21,8 @@ def test_submit_plans_and_queues(env: Env, admin: dict[str, str]) -> None:
     assert r.status_code == 201, r.text
     job = r.json()
     assert job["status"] == "QUEUED" and job["team"] == "alpha" and job["backend"] == "local"
-    assert job["plan"]["fits"] and job["plan"]["layout"]["dp"] * job["plan"]["layout"]["cp"] >= 1
+    layout = job["plan"]["layout"]
+    assert job["plan"]["fits"] and layout["dp"] * layout["tp"] * layout["pp"] * layout["cp"] == 2  # both CPUs
     assert job["spec"]["team"] == "alpha" and job["predicted_step_s"] > 0
     events = env.client.get(f"/v1/jobs/{job['id']}/events", headers=admin).json()
     assert [e["kind"] for e in events] == ["job.queued"]

@@ -8,7 +8,7 @@ from service.planner.models import resolve_model
 from service.spec import ModelSpec
 from tests.runtime.harness import TINY_MODEL
 from workers.runtime.data import global_batch
-from workers.runtime.model import Decoder, DecoderConfig
+from workers.runtime.model import Decoder
 from workers.runtime.parallelize import cross_entropy
 
 
@@ -17,7 +17,7 @@ def reference_losses(steps: int, batch: int, *, seed: int = 1234, lr: float = 1e
     torch.set_num_threads(1)
     shape = resolve_model(ModelSpec.model_validate(TINY_MODEL))
     torch.manual_seed(seed)
-    model = Decoder(DecoderConfig.from_shape(shape))
+    model = Decoder(shape)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     losses = []
     for step in range(steps):

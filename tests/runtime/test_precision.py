@@ -79,14 +79,14 @@ def _applied_in_process(sharding: str, precision: str, tp: int = 1) -> Any:
     from service.planner.models import resolve_model
     from service.spec import TrainingSpec
     from tests.runtime.harness import spec_dict
-    from workers.runtime import Decoder, DecoderConfig, apply_plan, build_mesh, init_distributed
+    from workers.runtime import Decoder, apply_plan, build_mesh, init_distributed
 
     init_distributed(torch.device("cpu"), 30)
     lay = layout(sharding=sharding, dp=1, micro_batch=4)
     spec = TrainingSpec.model_validate(spec_dict(1, global_batch=4, precision=precision, gpu=GPU_FOR[precision]))
     plan = estimate(spec, lay)
     torch.manual_seed(0)
-    model = Decoder(DecoderConfig.from_shape(resolve_model(spec.model)))
+    model = Decoder(resolve_model(spec.model))
     return apply_plan(model, plan, build_mesh(lay, torch.device("cpu")), device=torch.device("cpu"))
 
 

@@ -13,7 +13,7 @@ from service.planner import plan
 from service.planner.models import resolve_model
 from service.spec import ModelSpec, TrainingSpec
 from tests.runtime.harness import ROOT, TINY_MODEL, env, layout, make_case, report, spec_dict
-from workers.runtime import Decoder, DecoderConfig, UnsupportedLayout
+from workers.runtime import Decoder, UnsupportedLayout
 from workers.runtime.config import spec_from_plan
 from workers.runtime.data import global_batch, local_batch
 from workers.runtime.model import keep_stage
@@ -24,7 +24,7 @@ from workers.runtime.report import ApiReporter
 @pytest.mark.parametrize("model", [TINY_MODEL, {"preset": "llama-tiny"}])
 def test_reference_decoder_has_exactly_the_planners_parameter_count(model: dict[str, object]) -> None:
     shape = resolve_model(ModelSpec.model_validate(model))
-    decoder = Decoder(DecoderConfig.from_shape(shape))
+    decoder = Decoder(shape)
     assert sum(p.numel() for p in decoder.parameters()) == shape.total_params
     norms = sum(p.numel() for n, p in decoder.named_parameters() if n.startswith("layers.0.") and p.dim() == 1)
     assert norms == shape.layer_norm_params
@@ -33,7 +33,7 @@ def test_reference_decoder_has_exactly_the_planners_parameter_count(model: dict[
 def test_decoder_refuses_shapes_it_cannot_build() -> None:
     shape = resolve_model(ModelSpec(preset="gpt3-175b"))
     with pytest.raises(ValueError, match=r"model\.mlp=gelu"):
-        DecoderConfig.from_shape(shape)
+        Decoder(shape)
 
 
 def test_pipeline_stages_take_ceil_layers_per_stage_and_keep_their_names() -> None:
@@ -41,7 +41,7 @@ def test_pipeline_stages_take_ceil_layers_per_stage_and_keep_their_names() -> No
     parts = []
     for stage in range(2):
         torch.manual_seed(0)
-        m = Decoder(DecoderConfig.from_shape(shape))
+        m = Decoder(shape)
         parts.append((keep_stage(m, stage, 2), m))
     assert [kept for kept, _ in parts] == [[0, 1, 2], [3, 4]]
     first, last = parts[0][1], parts[1][1]
@@ -49,11 +49,11 @@ def test_pipeline_stages_take_ceil_layers_per_stage_and_keep_their_names() -> No
     assert last.tok_embeddings is None and last.output is not None and list(last.layers) == ["3", "4"]
     # Stages chained give the full model's output.
     torch.manual_seed(0)
-    full = Decoder(DecoderConfig.from_shape(shape))
+    full = Decoder(shape)
     tokens = torch.randint(0, shape.vocab, (2, shape.seq_len))
     torch.testing.assert_close(last(first(tokens)), full(tokens))
     with pytest.raises(ValueError, match=r"layout\.pp=3"):
-        keep_stage(Decoder(DecoderConfig.from_shape(resolve_model(ModelSpec.model_validate(TINY_MODEL)))), 2, 3)
+        keep_stage(Decoder(resolve_model(ModelSpec.model_validate(TINY_MODEL))), 2, 3)
 
 
 @pytest.mark.parametrize(("fields", "precision", "field"), [

@@ -17,54 +17,36 @@ Contract:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from service.planner.memory import layers_per_stage
 from service.planner.models import ModelShape
 
+NORM_EPS = 1e-5
+ROPE_THETA = 10000.0
 
-@dataclass(frozen=True, slots=True)
-class DecoderConfig:
-    """The shape of the reference decoder."""
 
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    ffn_hidden: int
-    vocab: int
-    seq_len: int
-    norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    @classmethod
-    def from_shape(cls, shape: ModelShape) -> DecoderConfig:
-        """The decoder for a planner `ModelShape`; raises ValueError for shapes it cannot build."""
-        problems = []
-        if shape.mlp != "swiglu":
-            problems.append(f"model.mlp={shape.mlp} (the reference decoder is SwiGLU)")
-        if shape.norm != "rmsnorm":
-            problems.append(f"model.norm={shape.norm} (the reference decoder uses RMSNorm)")
-        if shape.positional != "rope":
-            problems.append(f"model.positional={shape.positional} (the reference decoder uses RoPE)")
-        if shape.bias:
-            problems.append("model.bias=true (the reference decoder has no biases)")
-        if shape.tied_embeddings:
-            problems.append("model.tied_embeddings=true (the reference decoder has an untied output layer)")
-        if shape.dropout:
-            problems.append(f"model.dropout={shape.dropout} (the reference decoder has no dropout)")
-        if problems:
-            raise ValueError("the built-in reference decoder cannot build this model: " + "; ".join(problems))
-        return cls(layers=shape.layers, hidden=shape.hidden, heads=shape.heads, kv_heads=shape.kv_heads,
-                   ffn_hidden=shape.ffn_hidden, vocab=shape.vocab, seq_len=shape.seq_len)
+def check_buildable(shape: ModelShape) -> None:
+    """Raise ValueError naming every field of `shape` the reference decoder cannot build."""
+    problems = []
+    if shape.mlp != "swiglu":
+        problems.append(f"model.mlp={shape.mlp} (the reference decoder is SwiGLU)")
+    if shape.norm != "rmsnorm":
+        problems.append(f"model.norm={shape.norm} (the reference decoder uses RMSNorm)")
+    if shape.positional != "rope":
+        problems.append(f"model.positional={shape.positional} (the reference decoder uses RoPE)")
+    if shape.bias:
+        problems.append("model.bias=true (the reference decoder has no biases)")
+    if shape.tied_embeddings:
+        problems.append("model.tied_embeddings=true (the reference decoder has an untied output layer)")
+    if shape.dropout:
+        problems.append(f"model.dropout={shape.dropout} (the reference decoder has no dropout)")
+    if problems:
+        raise ValueError("the built-in reference decoder cannot build this model: " + "; ".join(problems))
 
 
 class RMSNorm(nn.Module):
@@ -102,7 +84,7 @@ def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: DecoderConfig) -> None:
+    def __init__(self, cfg: ModelShape) -> None:
         super().__init__()
         self.head_dim = cfg.head_dim
         kv = cfg.kv_heads * cfg.head_dim
@@ -128,7 +110,7 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, cfg: DecoderConfig) -> None:
+    def __init__(self, cfg: ModelShape) -> None:
         super().__init__()
         self.w1 = nn.Linear(cfg.hidden, cfg.ffn_hidden, bias=False)
         self.w2 = nn.Linear(cfg.ffn_hidden, cfg.hidden, bias=False)
@@ -140,11 +122,11 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: DecoderConfig) -> None:
+    def __init__(self, cfg: ModelShape) -> None:
         super().__init__()
-        self.attention_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.attention_norm = RMSNorm(cfg.hidden, NORM_EPS)
         self.attention = Attention(cfg)
-        self.ffn_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.ffn_norm = RMSNorm(cfg.hidden, NORM_EPS)
         self.feed_forward = FeedForward(cfg)
         self.checkpoint_block = False
 
@@ -163,14 +145,16 @@ class Block(nn.Module):
 class Decoder(nn.Module):
     """The reference decoder. `forward(tokens)` returns logits (batch, seq, vocab) in the compute dtype."""
 
-    def __init__(self, cfg: DecoderConfig) -> None:
+    def __init__(self, cfg: ModelShape) -> None:
+        """Raises ValueError when `cfg` is not a shape the reference decoder builds (`check_buildable`)."""
+        check_buildable(cfg)
         super().__init__()
         self.cfg = cfg
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(cfg.vocab, cfg.hidden)
         self.layers = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.layers)})
-        self.norm: RMSNorm | None = RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.norm: RMSNorm | None = RMSNorm(cfg.hidden, NORM_EPS)
         self.output: nn.Linear | None = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
-        cos, sin = rope_tables(cfg.head_dim, cfg.seq_len, cfg.rope_theta)
+        cos, sin = rope_tables(cfg.head_dim, cfg.seq_len, ROPE_THETA)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.reset_parameters()
@@ -206,7 +190,7 @@ def keep_stage(model: Decoder, stage: int, stages: int) -> list[int]:
     last stage may get fewer). The first stage keeps the embedding, the last the final norm and
     the output layer. Raises ValueError when a stage would be left without layers.
     """
-    per = math.ceil(model.cfg.layers / stages)
+    per = layers_per_stage(model.cfg, stages)
     kept = [i for i in range(model.cfg.layers) if i // per == stage]
     if not kept:
         raise ValueError(f"layout.pp={stages}: stage {stage} gets no layers of {model.cfg.layers}"

@@ -26,7 +26,7 @@ from workers.runtime.config import RunConfig
 from workers.runtime.data import local_batch
 from workers.runtime.measure import PeakTracker, StateBytes, state_bytes
 from workers.runtime.mesh import Mesh, build_mesh, init_distributed, pick_device
-from workers.runtime.model import Decoder, DecoderConfig
+from workers.runtime.model import Decoder
 from workers.runtime.parallelize import apply_plan
 from workers.runtime.profiling import ProfileWindow
 from workers.runtime.report import (
@@ -129,7 +129,7 @@ def _train(cfg: RunConfig, out: Path, device: torch.device, rank: int, reporter:
     opts, layout, shape = cfg.options, cfg.layout, cfg.shape
     mesh = build_mesh(layout, device)
     torch.manual_seed(opts.seed)
-    model = Decoder(DecoderConfig.from_shape(shape))
+    model = Decoder(shape)
     applied = apply_plan(model, cfg.plan, mesh, device=device, optimizer_name=cfg.spec.training.optimizer, lr=opts.lr)
     ckpt_root = out / "checkpoints"
     start = checkpoint.load(ckpt_root, applied)

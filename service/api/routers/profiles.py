@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field, ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.api.deps import Caller, Db
+from service.api.deps import Caller, Db, Reporter
 from service.api.errors import ApiError
 from service.api.routers.jobs import ERRORS, JobId
 from service.planner.result import StepEstimate
@@ -42,17 +42,11 @@ class AnalysisAccepted(BaseModel):
     bytes: int
 
 
-def _reporter(principal: Principal) -> None:
-    if principal.role == "member":
-        raise ApiError(403, "forbidden", "only the job's own token (or an admin) posts profiles")
-
-
 @router.post("/{job_id}/profiles", response_model=ProfileOut, status_code=201, responses=ERRORS,
              summary="Store a ProfileSummary the runtime computed (job token or admin)")
-def post_profile(job_id: JobId, summary: ProfileSummary, principal: Caller, db: Db) -> ProfileOut:
+def post_profile(job_id: JobId, summary: ProfileSummary, principal: Reporter, db: Db) -> ProfileOut:
     """A JSON body is a summary. Trace files sent here as `multipart/form-data` are handled exactly as
     by `POST /v1/jobs/{job_id}/profiles/traces` (202, analysed in the background)."""
-    _reporter(principal)
     with db.begin() as session:
         job = visible_job(session, principal, job_id)
         row = add_measurement(session, principal, job, "profile", summary.model_dump(mode="json"))
@@ -61,7 +55,7 @@ def post_profile(job_id: JobId, summary: ProfileSummary, principal: Caller, db: 
 
 @router.post("/{job_id}/profiles/traces", response_model=AnalysisAccepted, status_code=202, responses=ERRORS,
              summary="Upload one PyTorch trace per rank (plain or gzip JSON); analysed in the background")
-def post_traces(job_id: JobId, principal: Caller, db: Db, request: Request,
+def post_traces(job_id: JobId, principal: Reporter, db: Db, request: Request,
                 files: Annotated[list[UploadFile], File(description="One Chrome/Kineto trace per rank.")]
                 ) -> AnalysisAccepted:
     """Each file is copied to the data directory (at most `SHARDCTL_MAX_TRACE_BYTES` each, 512 MiB by
@@ -69,7 +63,6 @@ def post_traces(job_id: JobId, principal: Caller, db: Db, request: Request,
     analysis runs in a background thread, at most `SHARDCTL_MAX_TRACE_EVENTS` complete events per rank,
     and stores its summary, or a `job.profile_failed` event with the reason. Nothing is kept of a
     refused upload."""
-    _reporter(principal)
     with db.begin() as session:
         visible_job(session, principal, job_id)
     if not 0 < len(files) <= MAX_FILES:
