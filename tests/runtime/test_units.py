@@ -16,7 +16,7 @@ from tests.runtime.harness import ROOT, TINY_MODEL, env, layout, make_case, repo
 from workers.runtime import Decoder, UnsupportedLayout
 from workers.runtime.config import spec_from_plan
 from workers.runtime.data import global_batch, local_batch
-from workers.runtime.model import keep_stage
+from workers.runtime.model import keep_stage, stage_layers
 from workers.runtime.parallelize import check_supported
 from workers.runtime.report import ApiReporter
 
@@ -36,7 +36,7 @@ def test_decoder_refuses_shapes_it_cannot_build() -> None:
         Decoder(shape)
 
 
-def test_pipeline_stages_take_ceil_layers_per_stage_and_keep_their_names() -> None:
+def test_pipeline_stages_split_layers_evenly_and_keep_their_names() -> None:
     shape = resolve_model(ModelSpec.model_validate({**TINY_MODEL, "layers": 5}))
     parts = []
     for stage in range(2):
@@ -52,8 +52,16 @@ def test_pipeline_stages_take_ceil_layers_per_stage_and_keep_their_names() -> No
     full = Decoder(shape)
     tokens = torch.randint(0, shape.vocab, (2, shape.seq_len))
     torch.testing.assert_close(last(first(tokens)), full(tokens))
-    with pytest.raises(ValueError, match=r"layout\.pp=3"):
-        keep_stage(Decoder(resolve_model(ModelSpec.model_validate(TINY_MODEL))), 2, 3)
+    # Every stage the planner allows (stages <= layers) gets a layer; the busiest has ceil(L/S).
+    assert [stage_layers(6, s, 4) for s in range(4)] == [[0, 1], [2, 3], [4], [5]]
+    assert [stage_layers(4, s, 3) for s in range(3)] == [[0, 1], [2], [3]]
+    for layers in range(1, 40):
+        for stages in range(1, layers + 1):
+            split = [stage_layers(layers, s, stages) for s in range(stages)]
+            assert [i for part in split for i in part] == list(range(layers)) and all(split)
+            assert max(map(len, split)) == -(-layers // stages)
+    with pytest.raises(ValueError, match=r"layout\.pp=5"):
+        keep_stage(Decoder(resolve_model(ModelSpec.model_validate(TINY_MODEL))), 4, 5)
 
 
 @pytest.mark.parametrize(("fields", "precision", "field"), [

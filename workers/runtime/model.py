@@ -23,7 +23,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from service.planner.memory import layers_per_stage
 from service.planner.models import ModelShape
 
 NORM_EPS = 1e-5
@@ -183,18 +182,24 @@ class Decoder(nn.Module):
         return h
 
 
-def keep_stage(model: Decoder, stage: int, stages: int) -> list[int]:
-    """Turn `model` into pipeline stage `stage` of `stages`, in place; return the kept layer indices.
+def stage_layers(layers: int, stage: int, stages: int) -> list[int]:
+    """The consecutive layers stage `stage` of `stages` holds: as even as possible, the first
+    `layers % stages` stages one more. The busiest stage has ceil(layers / stages), as the planner
+    models it (`layers_per_stage`), and every stage has at least one while stages <= layers."""
+    share, extra = divmod(layers, stages)
+    start = stage * share + min(stage, extra)
+    return list(range(start, start + share + (stage < extra)))
 
-    Each stage gets ceil(layers / stages) consecutive layers (the planner's stage assignment; the
-    last stage may get fewer). The first stage keeps the embedding, the last the final norm and
-    the output layer. Raises ValueError when a stage would be left without layers.
+
+def keep_stage(model: Decoder, stage: int, stages: int) -> list[int]:
+    """Turn `model` into pipeline stage `stage` of `stages`, in place; return the kept layer indices
+    (`stage_layers`). The first stage keeps the embedding, the last the final norm and the output
+    layer. Raises ValueError when there are more stages than layers.
     """
-    per = layers_per_stage(model.cfg, stages)
-    kept = [i for i in range(model.cfg.layers) if i // per == stage]
+    kept = stage_layers(model.cfg.layers, stage, stages)
     if not kept:
-        raise ValueError(f"layout.pp={stages}: stage {stage} gets no layers of {model.cfg.layers}"
-                         f" at ceil(layers/pp)={per} per stage; use a pp that leaves every stage a layer")
+        raise ValueError(f"layout.pp={stages}: {stages} pipeline stages for {model.cfg.layers} layers leave"
+                         f" stage {stage} without one; use at most {model.cfg.layers} stages")
     for i in range(model.cfg.layers):
         if i not in kept:
             del model.layers[str(i)]

@@ -10,8 +10,8 @@ uses it too. What each layout field becomes:
 - sharding hsdp: FSDP2 on the 2-D mesh (`dp_replicate`, `dp_shard`).
 - tp, sequence_parallel: DTensor `parallelize_module`: q/k/v, w1/w3 column-wise, o/w2 row-wise,
   embedding row-wise, output column-wise; SP shards norms and the residual stream on the sequence.
-- pp, pipeline_schedule, virtual_stages: `torch.distributed.pipelining`, ceil(L/(pp*v)) layers per
-  stage, GPipe, 1F1B or interleaved 1F1B, `grad_accum_steps` micro-batches.
+- pp, pipeline_schedule, virtual_stages: `torch.distributed.pipelining`, layers split evenly over the
+  stages (`stage_layers`), GPipe, 1F1B or interleaved 1F1B, `grad_accum_steps` micro-batches.
 - activation_checkpointing: `selective` checkpoints the attention core of each block, `full` each
   block (non-reentrant `torch.utils.checkpoint`).
 - precision: fp32 nothing; bf16 FSDP2 `MixedPrecisionPolicy` (params bf16, reduce per
