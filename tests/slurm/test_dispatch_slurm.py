@@ -65,8 +65,6 @@ def events(env: Env, job_id: int, admin: dict[str, str]) -> list[dict[str, Any]]
 
 def test_a_two_node_runtime_job_succeeds_with_both_nodes_in_its_attempt(
         env: Env, admin: dict[str, str], live: str, partition: str, tmp_path: Path) -> None:
-    if not (ROOT / "workers" / "runtime" / "__main__.py").exists():
-        pytest.skip("workers.runtime is not there yet")
     # The runtime's CLI takes --plan/--out; the backend ships the plan file and out dir in the environment.
     runtime = ["bash", "-c", 'exec python -m workers.runtime --plan "$SHARDCTL_PLAN_FILE" --out "$SHARDCTL_OUT_DIR"'
                " --no-profile --timeout-s 120"]

@@ -16,7 +16,6 @@ A backend that cannot be reached raises `BackendUnavailable`: the dispatcher tre
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 from collections.abc import Iterator, Sequence
 from enum import StrEnum
@@ -100,10 +99,6 @@ def torchrun_command(req: LaunchRequest, *, rdzv_endpoint: str, node_rank: str |
     if node_rank is not None:
         args.append(f"--node-rank={node_rank}")
     return [*args, *req.command]
-
-
-def shell_join(command: Sequence[str]) -> str:
-    return " ".join(shlex.quote(part) for part in command)
 
 
 class Handle(BaseModel):

@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workers.backends.base import PLAN_ENV, LaunchRequest, torchrun_command
+from workers.backends.base import OUT_ENV, PLAN_ENV, LaunchRequest, torchrun_command
 
 ObjectKind = Literal["jobset", "indexed-job", "pytorchjob"]
 OBJECT_KINDS: tuple[ObjectKind, ...] = ("jobset", "indexed-job", "pytorchjob")
@@ -50,7 +50,6 @@ CONTAINER = "trainer"
 PYTORCH_CONTAINER = "pytorch"  # the Kubeflow operator finds its container by this name
 PLAN_KEY = "plan.json"
 OUT_DIR = "/var/run/shardctl/out"
-OUT_ENV = "SHARDCTL_OUT_DIR"
 NODE_RANK_ENV = "SHARDCTL_NODE_RANK"
 SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
 REDACTED = "<redacted>"

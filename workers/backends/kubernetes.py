@@ -48,6 +48,7 @@ from workers.backends.base import (
     RunState,
 )
 from workers.backends.k8s_objects import (
+    API_VERSIONS,
     COMPLETION_INDEX,
     CONTAINER,
     LABEL_NAME,
@@ -250,7 +251,7 @@ def _custom(kind: str) -> tuple[str, str, str]:
     raise ValueError(f"not a kind this backend manages: {kind}")
 
 
-KIND_OF: dict[ObjectKind, str] = {"jobset": "JobSet", "indexed-job": "Job", "pytorchjob": "PyTorchJob"}
+KIND_OF: dict[ObjectKind, str] = {kind: api[1] for kind, api in API_VERSIONS.items()}
 
 
 # -- status mapping (pure) ------------------------------------------------------------------------

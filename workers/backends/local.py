@@ -21,6 +21,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from workers.backends.base import (
+    PLAN_ENV,
+    SPEC_ENV,
     Capabilities,
     Handle,
     LaunchRequest,
@@ -76,7 +78,7 @@ class LocalBackend:
     def render(self, req: LaunchRequest) -> Rendered:
         per_node = node_commands(req, "127.0.0.1:<free port>")
         env = {k: ("<secret>" if "TOKEN" in k else v) for k, v in req.env.items()
-               if k not in ("SHARDCTL_PLAN_JSON", "SHARDCTL_SPEC_JSON")}
+               if k not in (PLAN_ENV, SPEC_ENV)}
         return Rendered(backend=self.name, name=req.name, content={
             "folder": str(self._dir(req.name)), "nodes": req.nodes, "commands": per_node, "env": env})
 
@@ -89,7 +91,6 @@ class LocalBackend:
         tmp = self.folder / f".{req.name}.{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
         (tmp / "request.json").write_text(req.model_dump_json())
-        (tmp / "plan.json").write_text(json.dumps(req.plan))
         subprocess.Popen([sys.executable, "-m", "workers.backends.local_supervisor", str(tmp), str(final)],
                          start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                          stderr=open(self.folder / f".{req.name}.supervisor.log", "ab"))  # noqa: SIM115

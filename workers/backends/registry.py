@@ -16,12 +16,9 @@ def make_backends(settings: Settings) -> dict[str, Backend]:
     $KUBECONFIG) or an in-cluster service account is there."""
     backends: dict[str, Backend] = {"local": LocalBackend(settings.data_dir / "local")}
     if shutil.which("sbatch"):
-        try:
-            from workers.backends.slurm import SlurmBackend
+        from workers.backends.slurm import SlurmBackend
 
-            backends["slurm"] = SlurmBackend(folder=settings.data_dir / "slurm")
-        except ImportError:
-            pass
+        backends["slurm"] = SlurmBackend(folder=settings.data_dir / "slurm")
     if settings.kubeconfig is not None or os.environ.get("KUBECONFIG") or os.environ.get("KUBERNETES_SERVICE_HOST"):
         from workers.backends.base import BackendUnavailable
         from workers.backends.kubernetes import KubernetesBackend

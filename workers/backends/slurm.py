@@ -156,8 +156,6 @@ class SlurmObservation(Observation):
 
     job_id: str | None = None
     slurm_state: str | None = None
-    requeues: int = Field(0, description="Times this submission was requeued (preemption or submitit requeue).")
-    requeue_reasons: list[str] = Field(default_factory=list)
 
 
 def time_limit_minutes(value: str) -> int:

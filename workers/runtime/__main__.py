@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from workers.backends.base import OUT_ENV, PLAN_ENV, SPEC_ENV
 from workers.runtime.config import RunOptions
 
 
@@ -37,7 +38,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-PLAN_ENV, SPEC_ENV, OUT_ENV = "SHARDCTL_PLAN_JSON", "SHARDCTL_SPEC_JSON", "SHARDCTL_OUT_DIR"
 
 
 def _from_env(path: Path | None, var: str, out: Path, filename: str) -> Path | None:
