@@ -13,7 +13,7 @@ One cycle (`run_once`):
    expires; the next dispatcher finds the name and adopts it, so nothing is submitted twice.
 3. **Reconcile** every tracked job with one `poll` per backend, and apply what changed as state
    transitions (each one an event). A backend that cannot be reached is "unknown for now".
-   Failures a retry can fix (no capacity, node failure, preemption, lost) go back to QUEUED with
+   Failures a retry can fix (node failure, preemption, lost; capacity once a backend reports it) go back to QUEUED with
    backoff, up to `max_attempts`; the program's own error fails the job with its exit code and log
    tail. CANCELLING jobs are cancelled on the backend until it confirms.
 """

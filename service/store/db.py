@@ -11,8 +11,9 @@ from sqlalchemy.orm import Session, sessionmaker
 def make_engine(url: str) -> Engine:
     """An engine with the settings each database needs for concurrent API and dispatcher use.
 
-    SQLite: WAL journal (readers do not block the writer), foreign keys on, and a busy timeout
-    so that concurrent writers wait instead of failing.
+    SQLite: WAL journal, foreign keys on, a busy timeout so that concurrent writers wait instead of
+    failing, and `BEGIN IMMEDIATE` for every transaction, reads included: each one takes the write
+    lock, so on SQLite transactions run one at a time (PostgreSQL is the database for concurrency).
     """
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})

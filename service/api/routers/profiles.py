@@ -43,7 +43,7 @@ class AnalysisAccepted(BaseModel):
 
 
 @router.post("/{job_id}/profiles", response_model=ProfileOut, status_code=201, responses=ERRORS,
-             summary="Store a ProfileSummary the runtime computed (job token or admin)")
+             summary="Store a ProfileSummary (job token or admin)")
 def post_profile(job_id: JobId, summary: ProfileSummary, principal: Reporter, db: Db) -> ProfileOut:
     """A JSON body is a summary. Trace files sent here as `multipart/form-data` are handled exactly as
     by `POST /v1/jobs/{job_id}/profiles/traces` (202, analysed in the background)."""
