@@ -116,8 +116,12 @@ def worker(args: argparse.Namespace) -> None:
 
         if sharding == "ddp":
             ids = [device.index] if device.type == "cuda" else None
+            # Like for like: the runtime skips DDP's per-step buffer broadcast for the decoder (its
+            # buffers are rotary tables, not state); a hand-written loop that keeps it pays one more
+            # collective per step, which is not runtime overhead.
             hand_model: torch.nn.Module = DistributedDataParallel(fresh(), device_ids=ids,
-                                                                  gradient_as_bucket_view=True)
+                                                                  gradient_as_bucket_view=True,
+                                                                  broadcast_buffers=False)
         else:
             hand_model = fresh()
             for block in hand_model.modules():
