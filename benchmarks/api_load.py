@@ -55,6 +55,7 @@ from service.planner import plan
 from service.spec import TrainingSpec
 from service.store import migrate
 from service.store.db import make_sessionmaker
+from service.store.jobs import layout_line
 from service.store.models import Event, Job, Team
 from service.store.tokens import create_token
 
@@ -120,6 +121,7 @@ def seed(url: str, n_jobs: int, rng: random.Random) -> Seeded:
     specs = {(t, b): base.model_copy(update={"team": t, "backend": base.backend.model_copy(update={"kind": b})})
              .model_dump(mode="json") for t in TEAMS for b in BACKENDS}
     event_data = {"layout": plan_doc.get("layout"), "step_s": plan_doc.get("time", {}).get("step_s")}
+    layout = layout_line(plan_doc)  # the list-view columns create_job fills
     t0 = datetime.now(UTC) - timedelta(seconds=n_jobs * 30)
     for lo in range(1, n_jobs + 1, BATCH):
         hi = min(lo + BATCH, n_jobs + 1)
@@ -136,6 +138,7 @@ def seed(url: str, n_jobs: int, rng: random.Random) -> Seeded:
                 "id": job_id, "name": f"run-{teams[k]}-{job_id % 977}", "team_id": team_ids[teams[k]],
                 "status": status, "backend": backends[k], "priority": rng.choice((0, 0, 0, 10, 100)),
                 "spec": specs[(teams[k], backends[k])], "plan": plan_doc, "created_by": "admin:seed",
+                "layout": layout, "predicted_step_s": event_data["step_s"],
                 "created_at": created, "updated_at": updated,
                 "finished_at": updated if status in TERMINAL else None,
                 "lease_owner": None, "lease_expires_at": None})
