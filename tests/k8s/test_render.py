@@ -14,9 +14,9 @@ from kubernetes import client
 from tests.k8s.conftest import IMAGE, make_request
 from tests.k8s.fake_apiserver import FakeApiServer
 from tests.k8s.schemas import require_crd_schemas, validate
+from workers.backends.base import REDACTED
 from workers.backends.k8s_objects import (
     MAX_NAME,
-    REDACTED,
     RenderError,
     RenderOptions,
     k8s_name,

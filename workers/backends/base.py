@@ -89,6 +89,16 @@ def local_path_env(env: dict[str, str]) -> dict[str, str]:
     return {**env, "PATH": bindir + os.pathsep + env.get("PATH", os.defpath)}
 
 
+SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
+REDACTED = "<redacted>"
+
+
+def is_secret_env(key: str) -> bool:
+    """Variables that hold secrets: never shown in a preview, and on Kubernetes kept in a Secret."""
+    upper = key.upper()
+    return any(marker in upper for marker in SECRET_MARKERS)
+
+
 def torchrun_command(req: LaunchRequest, *, rdzv_endpoint: str, node_rank: str | None = None) -> list[str]:
     """`torchrun` for one node of the job: the plan's world, c10d rendezvous on the first node.
 

@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workers.backends.base import OUT_ENV, PLAN_ENV, LaunchRequest, torchrun_command
+from workers.backends.base import OUT_ENV, PLAN_ENV, REDACTED, LaunchRequest, is_secret_env, torchrun_command
 
 ObjectKind = Literal["jobset", "indexed-job", "pytorchjob"]
 OBJECT_KINDS: tuple[ObjectKind, ...] = ("jobset", "indexed-job", "pytorchjob")
@@ -51,8 +51,6 @@ PYTORCH_CONTAINER = "pytorch"  # the Kubeflow operator finds its container by th
 PLAN_KEY = "plan.json"
 OUT_DIR = "/var/run/shardctl/out"
 NODE_RANK_ENV = "SHARDCTL_NODE_RANK"
-SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
-REDACTED = "<redacted>"
 
 DEFAULT_NCCL_ENV: dict[str, str] = {
     "NCCL_DEBUG": "WARN",
@@ -98,12 +96,6 @@ def k8s_name(name: str) -> str:
     low = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-") or "job"
     digest = hashlib.sha256(name.encode()).hexdigest()[:8]
     return f"{low[: MAX_NAME - 9].rstrip('-')}-{digest}"
-
-
-def is_secret_env(key: str) -> bool:
-    """Variables whose values go into the Secret, never into the pod spec."""
-    upper = key.upper()
-    return any(marker in upper for marker in SECRET_MARKERS)
 
 
 def _escape(value: str) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from workers.backends.base import (
     PLAN_ENV,
+    REDACTED,
     SPEC_ENV,
     Capabilities,
     Handle,
@@ -29,6 +30,7 @@ from workers.backends.base import (
     Observation,
     Rendered,
     RunState,
+    is_secret_env,
 )
 from workers.backends.local_supervisor import node_commands
 
@@ -77,7 +79,7 @@ class LocalBackend:
 
     def render(self, req: LaunchRequest) -> Rendered:
         per_node = node_commands(req, "127.0.0.1:<free port>")
-        env = {k: ("<secret>" if "TOKEN" in k else v) for k, v in req.env.items()
+        env = {k: (REDACTED if is_secret_env(k) else v) for k, v in req.env.items()
                if k not in (PLAN_ENV, SPEC_ENV)}
         return Rendered(backend=self.name, name=req.name, content={
             "folder": str(self._dir(req.name)), "nodes": req.nodes, "commands": per_node, "env": env})

@@ -51,6 +51,7 @@ from submitit.slurm.slurm import _make_sbatch_string
 from workers.backends.base import (
     OUT_ENV,
     PLAN_ENV,
+    REDACTED,
     BackendUnavailable,
     Capabilities,
     FailureClass,
@@ -59,6 +60,7 @@ from workers.backends.base import (
     Observation,
     Rendered,
     RunState,
+    is_secret_env,
     torchrun_command,
 )
 
@@ -377,7 +379,7 @@ class SlurmBackend:
             "plan_file": launcher.plan_file,
             "per_node_command": launcher.command(first),
             "rdzv_port": launcher.port,
-            "env": {k: ("<secret>" if "TOKEN" in k else v)
+            "env": {k: (REDACTED if is_secret_env(k) else v)
                     for k, v in launcher.environment(req, {"PATH": "$PATH"}).items() if k != PLAN_ENV},
         })
 
