@@ -124,9 +124,10 @@ class SlurmOptions(BaseModel):
         return flags
 
 
+_WAITING = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "CONFIGURING"})
+_RUNNING = frozenset({"RUNNING", "COMPLETING", "SUSPENDED", "STAGE_OUT", "SIGNALING", "RESIZING", "STOPPED"})
 #: Slurm states in which a job is not finished: squeue's view of these beats sacct's (which lags)
-_LIVE = frozenset({"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING",
-                   "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"})
+_LIVE = _WAITING | _RUNNING
 
 
 def _fuller(accounted: str, current: str) -> str:
@@ -529,11 +530,10 @@ class SlurmBackend:
         state: RunState
         failure: FailureClass | None = None
         exit_code: int | None = None
-        if slurm_state in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "CONFIGURING"):
+        if slurm_state in _WAITING:
             state = RunState.PENDING
             nodes = []
-        elif slurm_state in ("RUNNING", "COMPLETING", "SUSPENDED", "STAGE_OUT", "SIGNALING", "RESIZING",
-                             "STOPPED"):
+        elif slurm_state in _RUNNING:
             state = RunState.RUNNING
         elif slurm_state == "COMPLETED":
             state, exit_code = RunState.SUCCEEDED, 0

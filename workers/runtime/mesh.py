@@ -81,10 +81,6 @@ class Mesh:
         return self.sub(name).get_group() if self.has(name) else None
 
     @property
-    def dp_names(self) -> tuple[str, ...]:
-        return tuple(n for n in ("dp_replicate", "dp_shard", "dp") if self.has(n))
-
-    @property
     def dp_rank(self) -> int:
         """Index of this rank's data-parallel replica slot, in [0, dp)."""
         if self.has("dp"):

@@ -331,6 +331,12 @@ def make_optimizer(params: list[nn.Parameter], name: str, lr: float, layout: Lay
         kwargs.update(momentum=0.9)
     else:
         raise UnsupportedLayout("optimizer", f"training.optimizer={name} is not implemented by the runtime")
+    return _build_optimizer(cls, params, kwargs, layout, mesh)
+
+
+def _build_optimizer(cls: type[torch.optim.Optimizer], params: list[nn.Parameter], kwargs: dict[str, Any],
+                     layout: Layout, mesh: Mesh) -> torch.optim.Optimizer:
+    """`cls(params, **kwargs)`, wrapped in ZeroRedundancyOptimizer under ZeRO-1 with a dp group."""
     if layout.sharding == "zero1" and mesh.has("dp"):
         return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=mesh.group("dp"), **kwargs)
     return cls(params, **kwargs)
@@ -398,9 +404,7 @@ def apply_plan(model: nn.Module, plan: Plan, mesh: Mesh, *, device: torch.device
     params = [p for part in wrapped for p in part.parameters()]
     if isinstance(optimizer, torch.optim.Optimizer):
         cls, defaults = type(optimizer), dict(optimizer.defaults)
-        opt: torch.optim.Optimizer = (ZeroRedundancyOptimizer(params, optimizer_class=cls,
-                                                              process_group=mesh.group("dp"), **defaults)
-                                      if layout.sharding == "zero1" and mesh.has("dp") else cls(params, **defaults))
+        opt: torch.optim.Optimizer = _build_optimizer(cls, params, defaults, layout, mesh)
     elif optimizer is not None:
         opt = optimizer(params)
     else:
