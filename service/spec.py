@@ -14,6 +14,9 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from service.backend_options import BackendOptions, LocalOptions
+from service.names import JobName, Label
+
 Precision = Literal["fp32", "bf16", "fp16", "fp8"]
 Optimizer = Literal["adamw", "adam", "sgd", "adam8bit"]
 Checkpointing = Literal["none", "selective", "full"]
@@ -162,27 +165,6 @@ class LayoutPins(_Strict):
         return self
 
 
-NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
-
-
-class BackendSpec(_Strict):
-    """Where the job runs, with the options of that backend (each backend ignores the others')."""
-
-    kind: Literal["local", "slurm", "kubernetes"] = "local"
-    # Slurm
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    time_limit: str | None = Field(None, pattern=r"^(\d+-)?\d{1,2}:\d{2}(:\d{2})?$",
-                                   description="Slurm time limit, e.g. 02:00:00 or 1-12:00:00.")
-    sbatch: list[str] = Field(default_factory=list, description="Extra sbatch flags, e.g. --exclusive.")
-    # Kubernetes
-    namespace: str | None = Field(None, pattern=NAME_PATTERN)
-    object: Literal["jobset", "indexed-job", "pytorchjob"] | None = None
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[dict[str, str]] = Field(default_factory=list)
-
-
 class EntrypointSpec(_Strict):
     """A user's own program, run under torchrun on every node. Absent: the built-in reference trainer."""
 
@@ -194,14 +176,15 @@ class EntrypointSpec(_Strict):
 class TrainingSpec(_Strict):
     """What a user asks for. `layout` pins are optional; everything unpinned is searched."""
 
-    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    name: JobName
     model: ModelSpec
     training: TrainingConfig
     resources: Resources
     layout: LayoutPins = Field(default_factory=LayoutPins)
-    team: str | None = Field(None, pattern=NAME_PATTERN, description="Owning team; a member's token implies it.")
+    team: Label | None = Field(None, description="Owning team; a member's token implies it.")
     priority: int = Field(0, ge=-1000, le=1000, description="Higher runs first within a team's quota.")
-    backend: BackendSpec = Field(default_factory=BackendSpec)
+    backend: BackendOptions = Field(default_factory=LocalOptions,
+                                    description="Where the job runs: {kind: local|slurm|kubernetes, ...options}.")
     entrypoint: EntrypointSpec | None = None
 
     @model_validator(mode="after")
@@ -250,7 +233,7 @@ def spec_json_schema() -> dict[str, Any]:
 
 
 __all__ = [
-    "BackendSpec",
+    "BackendOptions",
     "EntrypointSpec",
     "GpuOverride",
     "LayoutPins",

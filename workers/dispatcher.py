@@ -21,7 +21,6 @@ One cycle (`run_once`):
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -33,28 +32,33 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from pydantic import SecretStr
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
+from service.jobenv import JobEnv
+from service.planner.result import Plan
+from service.spec import TrainingSpec
 from service.store.models import Attempt, Job, as_utc, utcnow
-from service.store.states import JobStatus, add_event, transition
+from service.store.states import add_event, transition
 from service.store.tokens import create_token
+from service.store.vocab import AttemptStatus, EventKind, JobStatus, Role
 from workers.backends.base import (
-    PLAN_ENV,
     RETRYABLE,
-    SPEC_ENV,
     Backend,
     BackendUnavailable,
     Handle,
     LaunchRequest,
     Observation,
     RunState,
+    SubmissionRefused,
+    TransientBackendError,
     attempt_name,
     runtime_command,
 )
 
 log = logging.getLogger("shardctl.dispatcher")
-LaunchPreview = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any] | None]
+LaunchPreview = Callable[[TrainingSpec, Plan], dict[str, Any] | None]
 FAILPOINT_ENV = "SHARDCTL_FAILPOINT"
 
 
@@ -64,7 +68,7 @@ def failpoint(name: str) -> None:
     if os.environ.get(FAILPOINT_ENV) == name:
         os.kill(os.getpid(), signal.SIGKILL)
 S = JobStatus
-TRACKED = (S.PENDING.value, S.RUNNING.value, S.CANCELLING.value)
+TRACKED = (S.PENDING, S.RUNNING, S.CANCELLING)
 MISSING_GRACE = timedelta(seconds=60)
 
 
@@ -86,40 +90,33 @@ class CycleReport:
     unreachable: list[str] = field(default_factory=list)
 
 
-def build_request(job_id: int, number: int, *, plan: dict[str, Any], spec: dict[str, Any], team: str,
+def build_request(job_id: int, number: int, *, plan: Plan, spec: TrainingSpec, team: str,
                   token: str | None, api_url: str | None) -> LaunchRequest:
     """The launch request for attempt `number` of a job: the world from the plan, the entrypoint from
-    the spec (the built-in runtime when absent), and the environment every rank gets."""
-    layout = plan["layout"]
-    nodes = int(plan.get("nodes", 1))
-    per_node = int(plan.get("gpus_per_node", 1))
-    world = int(layout["dp"]) * int(layout["tp"]) * int(layout["pp"]) * int(layout["cp"])
-    if nodes * per_node != world:
-        per_node = max(1, world // nodes)
-    entry = spec.get("entrypoint") or {}
-    command = list(entry.get("command") or runtime_command())
-    env = {PLAN_ENV: json.dumps(plan), SPEC_ENV: json.dumps(spec), "SHARDCTL_JOB_ID": str(job_id),
-           "SHARDCTL_ATTEMPT": str(number),
-           **{str(k): str(v) for k, v in (entry.get("env") or {}).items()}}
-    if token is not None:
-        env["SHARDCTL_JOB_TOKEN"] = token
-    if api_url:
-        env["SHARDCTL_URL"] = api_url
-    gpu = plan.get("gpu", "cpu")
-    return LaunchRequest(job_id=job_id, attempt=number, name=attempt_name(job_id, number), nodes=nodes,
-                         procs_per_node=per_node, gpus_per_proc=0 if gpu == "cpu" else 1, command=command, env=env,
-                         image=entry.get("image"), plan=plan, spec=spec, team=team)
+    the spec (the built-in runtime when absent), and the job contract every rank gets."""
+    layout = plan.layout
+    nodes, per_node = plan.nodes, plan.gpus_per_node
+    if nodes * per_node != layout.world_size:
+        per_node = max(1, layout.world_size // nodes)
+    entry = spec.entrypoint
+    job = JobEnv(job_id=job_id, attempt=number, plan=plan, api_url=api_url,
+                 token=SecretStr(token) if token is not None else None)
+    return LaunchRequest(job=job, name=attempt_name(job_id, number), team=team, nodes=nodes,
+                         procs_per_node=per_node, gpus_per_proc=0 if plan.gpu == "cpu" else 1,
+                         command=list(entry.command) if entry else runtime_command(),
+                         user_env=dict(entry.env) if entry else {}, image=entry.image if entry else None,
+                         options=spec.backend)
 
 
 def launch_preview(backends: Mapping[str, Backend], api_url: str | None = None) -> LaunchPreview:
     """A function that renders what attempt 1 of a not-yet-created job would send to its backend
     (`POST /v1/plans`, `shardctl submit --dry-run`); None when the spec's backend is not configured."""
 
-    def preview(spec: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any] | None:
-        backend = backends.get(spec.get("backend", {}).get("kind", "local"))
+    def preview(spec: TrainingSpec, plan: Plan) -> dict[str, Any] | None:
+        backend = backends.get(spec.backend.kind)
         if backend is None:
             return None
-        req = build_request(0, 1, plan=plan, spec=spec, team=spec.get("team") or "default",
+        req = build_request(0, 1, plan=plan, spec=spec, team=spec.team or "default",
                             token="<job token, minted at submission>", api_url=api_url)
         return backend.render(req).model_dump(mode="json")
 
@@ -164,7 +161,7 @@ class Dispatcher:
         now = utcnow()
         with self.sessions.begin() as session:
             stmt = (select(Job.id)
-                    .where(Job.status.in_([S.QUEUED.value, S.SUBMITTING.value]),
+                    .where(Job.status.in_([S.QUEUED, S.SUBMITTING]),
                            or_(Job.lease_expires_at.is_(None), Job.lease_expires_at < now))
                     .order_by(Job.priority.desc(), Job.id).limit(self.config.batch))
             if self._postgres:
@@ -187,28 +184,28 @@ class Dispatcher:
         then PENDING with the backend's id."""
         with self.sessions.begin() as session:
             job = self._owned(session, job_id)
-            if job is None or job.status not in (S.QUEUED.value, S.SUBMITTING.value):
+            if job is None or job.status not in (S.QUEUED, S.SUBMITTING):
                 return
             backend = self.backends.get(job.backend)
-            if backend is None:
-                if job.status == S.QUEUED.value:
+            if backend is None:  # the API checks at submit; the configuration changed since
+                if job.status == S.QUEUED:
                     transition(session, job, S.SUBMITTING, actor=self.actor)
                 transition(session, job, S.FAILED, actor=self.actor,
                            message=f"backend {job.backend!r} is not configured on this dispatcher",
                            data={"configured": sorted(self.backends)})
                 job.lease_owner = job.lease_expires_at = None
                 return
-            if job.status == S.QUEUED.value:
+            if job.status == S.QUEUED:
                 number = len(job.attempts) + 1
                 session.add(Attempt(job_id=job.id, number=number, backend_name=attempt_name(job.id, number),
-                                    status=S.SUBMITTING.value, nodes=[]))
+                                    status=AttemptStatus.SUBMITTING, nodes=[]))
                 transition(session, job, S.SUBMITTING, actor=self.actor,
                            message=f"attempt {number} to {job.backend}", data={"attempt": number})
             else:
                 number = len(job.attempts)
-                add_event(session, job, actor=self.actor, kind="job.resume_submit",
+                add_event(session, job, actor=self.actor, kind=EventKind.RESUME_SUBMIT,
                           message=f"resuming attempt {number} after an interrupted submission")
-            _, token = create_token(session, role="job", job_id=job.id, name=attempt_name(job.id, number))
+            _, token = create_token(session, role=Role.JOB, job_id=job.id, name=attempt_name(job.id, number))
             req = build_request(job.id, number, plan=job.plan, spec=job.spec, team=job.team.name, token=token,
                                 api_url=self.config.api_url)
         failpoint("after-submitting-commit")
@@ -221,11 +218,14 @@ class Dispatcher:
             self._release(job_id, f"{job.backend} unreachable: {exc}", report)
             report.unreachable.append(job.backend)
             return
-        except Exception as exc:
-            log.exception("submission of %s failed", req.name)
+        except TransientBackendError as exc:
+            self._release(job_id, f"{job.backend} could not take the submission now: {exc}", report)
+            return
+        except SubmissionRefused as exc:
+            log.warning("%s refused %s: %s", job.backend, req.name, exc)
             with self.sessions.begin() as session:
                 job = self._owned(session, job_id)
-                if job is not None and job.status == S.SUBMITTING.value:
+                if job is not None and job.status == S.SUBMITTING:
                     transition(session, job, S.FAILED, actor=self.actor,
                                message=f"{job.backend} refused the submission: {exc}")
                     job.lease_owner = job.lease_expires_at = None
@@ -236,8 +236,8 @@ class Dispatcher:
             assert job is not None
             attempt = job.attempts[-1]
             attempt.backend_id = handle.backend_id
-            if job.status == S.SUBMITTING.value:
-                attempt.status = S.PENDING.value
+            if job.status == S.SUBMITTING:
+                attempt.status = AttemptStatus.PENDING
                 transition(session, job, S.PENDING, actor=self.actor,
                            message=("adopted" if adopted else "submitted") + f" {req.name}",
                            data={"backend_id": handle.backend_id, "adopted": adopted})
@@ -254,7 +254,7 @@ class Dispatcher:
             job = self._owned(session, job_id)
             if job is None:
                 return
-            add_event(session, job, actor=self.actor, kind="backend.unreachable", message=why)
+            add_event(session, job, actor=self.actor, kind=EventKind.BACKEND_UNREACHABLE, message=why)
             job.lease_owner = None
             job.lease_expires_at = utcnow() + timedelta(seconds=self.config.retry_backoff_s)
 
@@ -268,7 +268,7 @@ class Dispatcher:
                 select(Job.id, Job.backend, Job.status, Attempt.number, Attempt.backend_name, Attempt.backend_id)
                 .join(Attempt, Attempt.job_id == Job.id)
                 .where(Job.status.in_(TRACKED), Attempt.number == latest)).all()
-        by_backend: dict[str, list[tuple[int, str, int, Handle]]] = defaultdict(list)
+        by_backend: dict[str, list[tuple[int, JobStatus, int, Handle]]] = defaultdict(list)
         for job_id, kind, status, number, name, backend_id in rows:
             by_backend[kind].append((job_id, status, number, Handle(name=name, backend_id=backend_id)))
         for backend_name, items in by_backend.items():
@@ -276,7 +276,7 @@ class Dispatcher:
             if backend is None:
                 continue
             for _, status, _, handle in items:
-                if status == S.CANCELLING.value:
+                if status == S.CANCELLING:
                     with contextlib.suppress(BackendUnavailable):
                         backend.cancel(handle)
             try:
@@ -296,12 +296,12 @@ class Dispatcher:
             if job is None or job.status not in TRACKED or not job.attempts or job.attempts[-1].number != number:
                 return 0
             attempt = job.attempts[-1]
-            status = JobStatus(job.status)
+            status = job.status
             attempt = self._record_requeues(session, job, attempt, obs)
             if obs.nodes and attempt.nodes != obs.nodes:
                 attempt.nodes = obs.nodes
             if obs.state == RunState.RUNNING and status == S.PENDING:
-                attempt.status = S.RUNNING.value
+                attempt.status = AttemptStatus.RUNNING
                 transition(session, job, S.RUNNING, actor=self.actor, message=f"running on {', '.join(obs.nodes)}",
                            data={"nodes": obs.nodes})
             elif obs.state == RunState.SUCCEEDED:
@@ -323,7 +323,7 @@ class Dispatcher:
                 self._finish(attempt, obs)
                 self._failed(session, job, status, obs.model_copy(update={
                     "failure": "lost", "reason": "the backend no longer knows this submission"}))
-            return int(job.status != status.value)
+            return int(job.status != status)
 
     def _record_requeues(self, session: Session, job: Job, attempt: Attempt, obs: Observation) -> Attempt:
         """A backend that requeued the same submission (Slurm preemption) reports `requeues`; each one
@@ -335,12 +335,13 @@ class Dispatcher:
         while obs.requeues > len(runs) - 1:
             index = len(runs) - 1
             why = obs.requeue_reasons[index] if index < len(obs.requeue_reasons) else "requeued by the backend"
-            attempt.status, attempt.exit_reason, attempt.finished_at = "PREEMPTED", f"requeued: {why}", utcnow()
+            attempt.status, attempt.exit_reason, attempt.finished_at = (AttemptStatus.PREEMPTED, f"requeued: {why}",
+                                                                         utcnow())
             nxt = Attempt(job_id=job.id, number=attempt.number + 1, backend_name=attempt.backend_name,
-                          backend_id=attempt.backend_id, status=S.PENDING.value, nodes=[])
+                          backend_id=attempt.backend_id, status=AttemptStatus.PENDING, nodes=[])
             session.add(nxt)
             job.attempts.append(nxt)
-            add_event(session, job, actor=self.actor, kind="job.requeued",
+            add_event(session, job, actor=self.actor, kind=EventKind.REQUEUED,
                       message=f"attempt {attempt.number} {why}; the backend requeued it as attempt {nxt.number}",
                       data={"attempt": nxt.number, "reason": why})
             runs.append(nxt)
@@ -348,7 +349,7 @@ class Dispatcher:
         return attempt
 
     def _finish(self, attempt: Attempt, obs: Observation) -> None:
-        attempt.status = obs.state.value
+        attempt.status = AttemptStatus(obs.state.value)
         attempt.exit_code = obs.exit_code
         attempt.exit_reason = obs.reason
         attempt.finished_at = utcnow()

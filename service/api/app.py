@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
@@ -14,7 +14,9 @@ from sqlalchemy import Engine
 from service.api import errors
 from service.api.metrics import make_metrics
 from service.api.routers import health, jobs, plans, profiles, teams, tokens
+from service.planner.result import Plan
 from service.settings import Settings
+from service.spec import TrainingSpec
 from service.store.db import make_engine, make_sessionmaker
 
 
@@ -53,14 +55,17 @@ def _traces_posted_to_profiles(request: Request) -> bool:
             and _PROFILES_PATH.fullmatch(request.scope["path"]) is not None)
 
 
-LaunchPreview = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any] | None]
+LaunchPreview = Callable[[TrainingSpec, Plan], dict[str, Any] | None]
 
 
 def create_app(settings: Settings | None = None, *, engine: Engine | None = None,
-               launch_preview: LaunchPreview | None = None) -> FastAPI:
+               launch_preview: LaunchPreview | None = None,
+               configured_backends: Collection[str] | None = None) -> FastAPI:
     """An app on `settings.database_url` (or `engine`). The schema must be migrated already
     (`shardctl db upgrade`; `shardctl serve` does it). `launch_preview(spec, plan)` renders what a
-    backend would be sent; `shardctl serve` passes the dispatcher's (the API never imports workers)."""
+    backend would be sent; `configured_backends` are the backend kinds the dispatchers run, and a
+    spec for another is a 422 at submit (None: not checked). The composition module
+    (`service.cli.wiring`) passes both; the API never imports workers."""
     settings = settings or Settings()
     engine = engine or make_engine(settings.resolved_database_url)
     app = FastAPI(title="shardctl", version="0.1.0",
@@ -70,6 +75,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.state.sessions = make_sessionmaker(engine)
     app.state.metrics = make_metrics(app.state.sessions)
     app.state.launch_preview = launch_preview
+    app.state.configured_backends = frozenset(configured_backends) if configured_backends is not None else None
     errors.install(app)
     for module in (health, plans, jobs, profiles, teams, tokens):
         app.include_router(module.router)

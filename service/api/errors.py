@@ -41,6 +41,18 @@ _HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "
                422: "validation_error", 429: "too_many_requests"}
 
 
+#: The one code for a training spec that breaks the contract, whichever layer finds it (pydantic's
+#: types and ranges, or the planner's checks against the presets and the GPU catalog).
+INVALID_SPEC = "invalid_spec"
+#: Routes whose JSON body is a `TrainingSpec`.
+SPEC_BODIES = frozenset({("POST", "/v1/jobs"), ("POST", "/v1/plans")})
+
+
+def _is_spec_body(request: Request, exc: RequestValidationError) -> bool:
+    route = (request.method, request.scope.get("path", "").rstrip("/"))
+    return route in SPEC_BODIES and all(tuple(e.get("loc", ()))[:1] == ("body",) for e in exc.errors())
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api(_: Request, exc: ApiError) -> JSONResponse:
@@ -48,16 +60,18 @@ def install(app: FastAPI) -> None:
                               headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         fields = [ErrorField(loc=_loc(tuple(e.get("loc", ()))), message=str(e.get("msg", "")).removeprefix(
             "Value error, ")) for e in exc.errors()]
         summary = "; ".join(f"{f.loc}: {f.message}" for f in fields[:3])
+        if _is_spec_body(request, exc):
+            return error_response(422, INVALID_SPEC, f"invalid spec: {summary}", fields=fields)
         return error_response(422, "validation_error", f"invalid request: {summary}", fields=fields)
 
     @app.exception_handler(InvalidSpec)
     async def _invalid_spec(_: Request, exc: InvalidSpec) -> JSONResponse:
         fields = [ErrorField(loc=p.path, message=p.message) for p in exc.problems]
-        return error_response(422, "invalid_spec", str(exc), fields=fields)
+        return error_response(422, INVALID_SPEC, str(exc), fields=fields)
 
     @app.exception_handler(NotFound)
     async def _not_found(_: Request, exc: NotFound) -> JSONResponse:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, Field, model_validator
 
-from service.spec import NAME_PATTERN
+from service.backend_options import BackendKind
+from service.names import Label
+from service.planner.result import Plan
+from service.spec import TrainingSpec
+from service.store.vocab import AttemptStatus, JobStatus, MeasurementKind, Role
 
 
 class ErrorField(BaseModel):
@@ -31,7 +35,7 @@ class AttemptOut(BaseModel):
     backend_name: str
     backend_id: str | None
     nodes: list[str]
-    status: str
+    status: AttemptStatus
     exit_code: int | None
     exit_reason: str | None
     created_at: datetime
@@ -39,7 +43,7 @@ class AttemptOut(BaseModel):
 
 
 class MeasurementOut(BaseModel):
-    kind: str
+    kind: MeasurementKind
     at: datetime
     data: dict[str, Any]
 
@@ -48,8 +52,8 @@ class JobSummary(BaseModel):
     id: int
     name: str
     team: str
-    status: str
-    backend: str
+    status: JobStatus
+    backend: BackendKind
     priority: int
     created_at: datetime
     updated_at: datetime
@@ -59,10 +63,10 @@ class JobSummary(BaseModel):
 
 
 class JobOut(JobSummary):
-    spec: dict[str, Any]
-    plan: dict[str, Any]
+    spec: TrainingSpec
+    plan: Plan
     attempts: list[AttemptOut]
-    measurements: dict[str, MeasurementOut] = Field(description="The newest measurement of each kind.")
+    measurements: dict[MeasurementKind, MeasurementOut] = Field(description="The newest measurement of each kind.")
 
 
 class JobPage(BaseModel):
@@ -81,7 +85,7 @@ class EventOut(BaseModel):
 
 
 class TeamIn(BaseModel):
-    name: str = Field(pattern=NAME_PATTERN, description="Lower-case letters, digits and dashes.")
+    name: Label = Field(description="Lower-case letters, digits and dashes.")
 
 
 class TeamOut(BaseModel):
@@ -91,7 +95,7 @@ class TeamOut(BaseModel):
 
 
 class TokenIn(BaseModel):
-    role: Literal["admin", "member", "job"] = "member"
+    role: Role = Role.MEMBER
     team: str | None = Field(None, description="Required for member tokens.")
     job_id: int | None = Field(None, ge=1, le=2**63 - 1, description="Required for job tokens.")
     name: str | None = Field(None, max_length=200)
@@ -110,7 +114,7 @@ class TokenIn(BaseModel):
 
 class TokenOut(BaseModel):
     id: str
-    role: str
+    role: Role
     team: str | None
     job_id: int | None
     name: str | None
@@ -125,11 +129,11 @@ class TokenCreated(TokenOut):
 
 class WhoAmI(BaseModel):
     token_id: str
-    role: str
+    role: Role
     team: str | None
     job_id: int | None
 
 
 class MeasurementIn(BaseModel):
-    kind: Literal["heartbeat", "report", "profile"]
+    kind: MeasurementKind
     data: dict[str, Any]

@@ -218,6 +218,7 @@ def _assemble(ctx: Context, cand: Candidate, result: SearchResult | None, *,
         alternatives=alternatives, rejected=rejected,
         candidates_evaluated=result.evaluated if result is not None else 1,
         reasons=reasons or [], min_gpus_to_fit=min_gpus, warnings=_warnings(ctx, cand),
+        shape=shape, training=spec.training,
     )
 
 

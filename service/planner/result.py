@@ -5,6 +5,8 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from service.planner.layout import Layout
+from service.planner.models import ModelShape
+from service.spec import TrainingConfig
 
 
 class MemoryBreakdown(BaseModel):
@@ -112,3 +114,13 @@ class Plan(BaseModel):
     reasons: list[str] = Field(default_factory=list, description="Why nothing fits, when fits is false.")
     min_gpus_to_fit: int | None = Field(None, description="Smallest GPU count of this kind that fits.")
     warnings: list[str] = Field(default_factory=list)
+    shape: ModelShape | None = Field(
+        None, description="The resolved model: every dimension and exact parameter counts. With `training`,"
+        " all a job needs to run this plan (None only in plans stored before plans carried it).")
+    training: TrainingConfig | None = Field(
+        None, description="The spec's training settings the plan was made for (batch, precision, optimizer, steps).")
+
+    @property
+    def runnable(self) -> bool:
+        """The plan carries what the runtime needs to run it without the spec."""
+        return self.shape is not None and self.training is not None

@@ -15,9 +15,13 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload, undefer
 
+from service.backend_options import BackendKind
+from service.planner.result import Plan
+from service.spec import TrainingSpec
 from service.store.models import Event, IdempotencyKey, Job, Measurement, Team
-from service.store.states import TERMINAL, JobStatus, add_event, transition
+from service.store.states import TERMINAL, add_event, transition
 from service.store.tokens import Conflict, NotFound, Principal
+from service.store.vocab import EventKind, JobStatus, MeasurementKind, Role
 
 MAX_PAGE = 200
 
@@ -45,12 +49,11 @@ def find_idempotent(session: Session, scope: str, key: str, digest: str) -> Job 
 
 @dataclass(frozen=True, slots=True)
 class NewJob:
-    name: str
+    """A planned job to queue: the spec as submitted (its team resolved) and the plan that fits it."""
+
     team: Team
-    backend: str
-    priority: int
-    spec: dict[str, Any]
-    plan: dict[str, Any]
+    spec: TrainingSpec
+    plan: Plan
 
 
 def create_job(session: Session, new: NewJob, *, actor: str, idempotency: tuple[str, str, str] | None) -> Job:
@@ -59,30 +62,19 @@ def create_job(session: Session, new: NewJob, *, actor: str, idempotency: tuple[
     `idempotency` is (scope, key, body hash). A concurrent request that inserted the same key
     first wins: the unique constraint fails here and the caller retries `find_idempotent`.
     """
-    time = new.plan.get("time") or {}
-    job = Job(name=new.name, team_id=new.team.id, status=JobStatus.QUEUED.value, backend=new.backend,
-              priority=new.priority, spec=new.spec, plan=new.plan, created_by=actor,
-              layout=layout_line(new.plan), predicted_step_s=time.get("step_s"))
+    spec, plan = new.spec, new.plan
+    job = Job(name=spec.name, team_id=new.team.id, status=JobStatus.QUEUED, backend=spec.backend.kind,
+              priority=spec.priority, spec=spec, plan=plan, created_by=actor,
+              layout=plan.layout.short()[:200], predicted_step_s=plan.time.step_s)
     session.add(job)
     session.flush()
-    add_event(session, job, actor=actor, kind="job.queued", message="planned and queued",
-              data={"layout": new.plan.get("layout"), "step_s": time.get("step_s")})
+    add_event(session, job, actor=actor, kind=EventKind.status(JobStatus.QUEUED), message="planned and queued",
+              data={"layout": plan.layout.to_dict(), "step_s": plan.time.step_s})
     if idempotency is not None:
         scope, key, digest = idempotency
         session.add(IdempotencyKey(scope=scope, key=key, body_hash=digest, job_id=job.id))
     session.flush()
     return job
-
-
-def layout_line(plan: dict[str, Any]) -> str:
-    """The planned layout in one line, e.g. `fsdp dp=8 tp=1 pp=1 cp=1 mb=2x4 ac=full`."""
-    layout = plan.get("layout")
-    if not isinstance(layout, dict):
-        return ""
-    parts = [str(layout.get("sharding")), *(f"{k}={layout.get(k)}" for k in ("dp", "tp", "pp", "cp"))]
-    parts.append(f"mb={layout.get('micro_batch')}x{layout.get('grad_accum_steps')}")
-    parts.append(f"ac={layout.get('activation_checkpointing')}")
-    return " ".join(parts)[:200]
 
 
 def visible_job(session: Session, principal: Principal, job_id: int, *, for_update: bool = False,
@@ -101,18 +93,18 @@ def visible_job(session: Session, principal: Principal, job_id: int, *, for_upda
 
 
 def can_see(principal: Principal, job: Job) -> bool:
-    if principal.role == "admin":
+    if principal.role == Role.ADMIN:
         return True
-    if principal.role == "member":
+    if principal.role == Role.MEMBER:
         return job.team_id == principal.team_id
     return principal.job_id == job.id
 
 
 @dataclass(frozen=True, slots=True)
 class JobFilter:
-    status: Sequence[str] = ()
+    status: Sequence[JobStatus] = ()
     team: str | None = None
-    backend: str | None = None
+    backend: BackendKind | None = None
     name: str | None = None
 
 
@@ -121,9 +113,9 @@ def list_jobs(session: Session, principal: Principal, filters: JobFilter, *, lim
     """Newest first. Returns a page and the cursor of the next page (None at the end)."""
     limit = max(1, min(limit, MAX_PAGE))
     stmt = select(Job)
-    if principal.role == "member":
+    if principal.role == Role.MEMBER:
         stmt = stmt.where(Job.team_id == principal.team_id)
-    elif principal.role == "job":
+    elif principal.role == Role.JOB:
         stmt = stmt.where(Job.id == principal.job_id)
     if filters.status:
         stmt = stmt.where(Job.status.in_(list(filters.status)))
@@ -144,7 +136,7 @@ def cancel_job(session: Session, principal: Principal, job_id: int) -> Job:
     """Idempotent: QUEUED -> CANCELLED now; SUBMITTING/PENDING/RUNNING -> CANCELLING (the dispatcher
     finishes it); CANCELLING or terminal: unchanged."""
     job = visible_job(session, principal, job_id, for_update=True, detail=True)  # the response shows it all
-    status = JobStatus(job.status)
+    status = job.status
     if status == JobStatus.QUEUED:
         transition(session, job, JobStatus.CANCELLED, actor=principal.actor, message="cancelled before submission")
     elif status in (JobStatus.SUBMITTING, JobStatus.PENDING, JobStatus.RUNNING):
@@ -157,16 +149,17 @@ def list_events(session: Session, job: Job, *, after: int = 0, limit: int = 500)
     return list(session.scalars(stmt))
 
 
-def add_measurement(session: Session, principal: Principal, job: Job, kind: str, data: dict[str, Any]) -> Measurement:
+def add_measurement(session: Session, principal: Principal, job: Job, kind: MeasurementKind,
+                    data: dict[str, Any]) -> Measurement:
     row = Measurement(job_id=job.id, kind=kind, data=data)
     session.add(row)
-    if kind != "heartbeat":
-        add_event(session, job, actor=principal.actor, kind=f"job.{kind}", message=f"{kind} received")
+    if kind != MeasurementKind.HEARTBEAT:
+        add_event(session, job, actor=principal.actor, kind=EventKind.measurement(kind), message=f"{kind} received")
     session.flush()
     return row
 
 
-def latest_measurements(session: Session, job: Job) -> dict[str, Measurement]:
+def latest_measurements(session: Session, job: Job) -> dict[MeasurementKind, Measurement]:
     """The newest measurement of each kind."""
     newest = (select(Measurement.kind, func.max(Measurement.id).label("id"))
               .where(Measurement.job_id == job.id).group_by(Measurement.kind).subquery())
@@ -175,10 +168,10 @@ def latest_measurements(session: Session, job: Job) -> dict[str, Measurement]:
 
 
 def is_terminal(job: Job) -> bool:
-    return JobStatus(job.status) in TERMINAL
+    return job.status in TERMINAL
 
 
-def count_by_status_and_team(session: Session) -> list[tuple[str, str, int]]:
+def count_by_status_and_team(session: Session) -> list[tuple[JobStatus, str, int]]:
     stmt = (select(Job.status, Team.name, func.count()).join(Team, Team.id == Job.team_id)
             .group_by(Job.status, Team.name))
     return [(s, t, int(n)) for s, t, n in session.execute(stmt)]

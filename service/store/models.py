@@ -1,18 +1,23 @@
 """SQLAlchemy 2 models: teams, tokens, jobs, attempts, events, idempotency keys, measurements.
 
 Every column the API filters or sorts on has an index. JSON documents (spec, plan, event data,
-measurements) use the generic JSON type: JSONB on PostgreSQL, text on SQLite.
+measurements) use the generic JSON type: JSONB on PostgreSQL, text on SQLite. A job's spec and
+plan read back as `TrainingSpec` and `Plan`; states and kinds as the enums of `vocab` (stored as
+their string values, so the schema is what it was before they were typed).
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from enum import StrEnum
+from typing import Any, Generic, TypeVar
 
+from pydantic import BaseModel
 from sqlalchemy import (
     JSON,
     BigInteger,
     DateTime,
+    Dialect,
     Float,
     ForeignKey,
     Index,
@@ -22,12 +27,51 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
+from sqlalchemy import Enum as SqlEnum
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator, TypeEngine
+
+from service.backend_options import BackendKind
+from service.planner.result import Plan
+from service.spec import TrainingSpec
+from service.store.vocab import AttemptStatus, JobStatus, MeasurementKind, Role
 
 # BIGINT on PostgreSQL, INTEGER on SQLite (so that it stays the rowid alias and autoincrements).
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 Json = JSON().with_variant(JSONB(), "postgresql")
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ModelJson(TypeDecorator[M], Generic[M]):
+    """A pydantic model stored as a JSON document (JSONB on PostgreSQL) and validated when read."""
+
+    impl = JSON
+    cache_ok = True
+
+    def __init__(self, model: type[M]) -> None:
+        super().__init__()
+        self.model = model
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        return dialect.type_descriptor(JSONB() if dialect.name == "postgresql" else JSON())
+
+    def process_bind_param(self, value: M | None, dialect: Dialect) -> Any:
+        return None if value is None else value.model_dump(mode="json")
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> M | None:
+        return None if value is None else self.model.model_validate(value)
+
+
+E = TypeVar("E", bound=StrEnum)
+
+
+def enum_column(enum: type[E], length: int) -> SqlEnum:
+    """A VARCHAR(length) holding the enum's values (no database enum type, no CHECK constraint)."""
+    return SqlEnum(enum, native_enum=False, create_constraint=False, length=length, validate_strings=True,
+                   values_callable=lambda members: [m.value for m in members])
+
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -66,7 +110,7 @@ class ApiToken(Base):
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     secret_hash: Mapped[str] = mapped_column(String(64))
-    role: Mapped[str] = mapped_column(String(16))  # admin | member | job
+    role: Mapped[Role] = mapped_column(enum_column(Role, 16))
     team_id: Mapped[int | None] = mapped_column(ForeignKey("teams.id"), index=True)
     job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id"), index=True)
     name: Mapped[str | None] = mapped_column(String(200))
@@ -89,11 +133,11 @@ class Job(Base):
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
     team_id: Mapped[int] = mapped_column(ForeignKey("teams.id"))
-    status: Mapped[str] = mapped_column(String(16))
-    backend: Mapped[str] = mapped_column(String(16))
+    status: Mapped[JobStatus] = mapped_column(enum_column(JobStatus, 16))
+    backend: Mapped[BackendKind] = mapped_column(enum_column(BackendKind, 16))
     priority: Mapped[int] = mapped_column(Integer, default=0)
-    spec: Mapped[dict[str, Any]] = mapped_column(Json, deferred=True)
-    plan: Mapped[dict[str, Any]] = mapped_column(Json, deferred=True)
+    spec: Mapped[TrainingSpec] = mapped_column(ModelJson(TrainingSpec), deferred=True)
+    plan: Mapped[Plan] = mapped_column(ModelJson(Plan), deferred=True)
     # Copied from the plan at submission, so that list views never decode the JSON documents.
     layout: Mapped[str] = mapped_column(String(200), default="")
     predicted_step_s: Mapped[float | None] = mapped_column(Float)
@@ -121,7 +165,7 @@ class Attempt(Base):
     backend_name: Mapped[str] = mapped_column(String(128))
     backend_id: Mapped[str | None] = mapped_column(String(128))
     nodes: Mapped[list[str]] = mapped_column(Json, default=list)
-    status: Mapped[str] = mapped_column(String(16))
+    status: Mapped[AttemptStatus] = mapped_column(enum_column(AttemptStatus, 16))
     exit_code: Mapped[int | None] = mapped_column(Integer)
     exit_reason: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -165,6 +209,6 @@ class Measurement(Base):
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))
-    kind: Mapped[str] = mapped_column(String(32))  # heartbeat | report | profile
+    kind: Mapped[MeasurementKind] = mapped_column(enum_column(MeasurementKind, 32))
     at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     data: Mapped[dict[str, Any]] = mapped_column(Json)

@@ -13,23 +13,12 @@ transaction, so both land or neither does.
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from service.store.models import Event, Job, utcnow
-
-
-class JobStatus(StrEnum):
-    QUEUED = "QUEUED"
-    SUBMITTING = "SUBMITTING"
-    PENDING = "PENDING"
-    RUNNING = "RUNNING"
-    CANCELLING = "CANCELLING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
+from service.store.vocab import EventKind, JobStatus
 
 
 S = JobStatus
@@ -47,9 +36,9 @@ ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
 
 
 class IllegalTransition(ValueError):
-    def __init__(self, job_id: int, current: str, wanted: str) -> None:
+    def __init__(self, job_id: int, current: JobStatus, wanted: JobStatus) -> None:
         self.job_id, self.current, self.wanted = job_id, current, wanted
-        final = " (terminal states are final)" if JobStatus(current) in TERMINAL else ""
+        final = " (terminal states are final)" if current in TERMINAL else ""
         super().__init__(f"job {job_id}: {current} -> {wanted} is not allowed{final}")
 
 
@@ -63,7 +52,7 @@ def add_event(session: Session, job: Job, *, actor: str, kind: str, message: str
 def transition(session: Session, job: Job, to: JobStatus, *, actor: str, message: str = "",
                data: dict[str, Any] | None = None) -> Event:
     """Move `job` to `to` and append a `job.<status>` event; raise `IllegalTransition` otherwise."""
-    current = JobStatus(job.status)
+    current = job.status
     if to not in ALLOWED[current]:
         raise IllegalTransition(job.id, current, to)
     job.status = to
@@ -71,5 +60,5 @@ def transition(session: Session, job: Job, to: JobStatus, *, actor: str, message
     job.updated_at = now
     if to in TERMINAL:
         job.finished_at = now
-    return add_event(session, job, actor=actor, kind=f"job.{to.lower()}", message=message,
+    return add_event(session, job, actor=actor, kind=EventKind.status(to), message=message,
                      data={"from": current.value, "to": to.value, **(data or {})})

@@ -2,81 +2,99 @@
 
 The dispatcher builds a `LaunchRequest` for each attempt and only ever calls these methods:
 
-- `render(req)`: the exact request as printable data (nothing is submitted);
+- `render(req)`: the exact request as printable data (nothing is submitted); `submit` sends
+  exactly what `render` returns, secrets filled in;
 - `submit(req)`: submit it; the backend names the submission `req.name`;
 - `find(name)`: the submission with that name, to adopt after a crash (None if there is none);
 - `poll(handles)`: the state of many submissions in one call (one `sacct`, one labelled list);
-- `cancel(handle)`: ask the backend to stop it (idempotent);
-- `logs(handle, rank, follow)`: a rank's output.
+- `cancel(handle)`: ask the backend to stop it (idempotent).
 
-A backend that cannot be reached raises `BackendUnavailable`: the dispatcher treats that as
-"unknown for now", never as a failed job.
+Backends raise exactly three errors, and the dispatcher catches exactly these:
+
+- `BackendUnavailable`: the backend did not answer. "Unknown for now", never a failed job;
+- `TransientBackendError`: it answered but cannot take the request now; try again later;
+- `SubmissionRefused`: it answered and refused this request for good; the job fails with the reason.
+
+Anything else is a bug: it propagates, and the job's lease makes the next cycle try again.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
+from service.backend_options import BackendOptions, LocalOptions
+from service.jobenv import JobEnv
+from service.planner.result import Plan
+
 FailureClass = Literal["program", "capacity", "node", "preempted", "timeout", "cancelled", "lost"]
 RETRYABLE: frozenset[str] = frozenset({"capacity", "node", "preempted", "lost"})
 
 
-class BackendUnavailable(RuntimeError):
+class BackendError(Exception):
+    """Base of the three errors a backend may raise."""
+
+
+class BackendUnavailable(BackendError):
     """The backend did not answer (network, controller down). Not a verdict on any job."""
 
 
-class Capabilities(BaseModel):
-    multi_node: bool
-    gpus: bool
-    logs: bool
-    preemption_requeue: bool
+class TransientBackendError(BackendError):
+    """The backend answered but could not take the request now (a conflict, a quota, a busy API)."""
+
+
+class SubmissionRefused(BackendError):
+    """The backend answered and refused this request for good (bad partition, unmanaged namespace...)."""
 
 
 class LaunchRequest(BaseModel):
     """Everything a backend needs to start one attempt of a job on every node."""
 
-    job_id: int
-    attempt: int
+    job: JobEnv = Field(description="What every rank is given (plan, ids, token); see `service.jobenv`.")
     name: str = Field(description="Deterministic attempt name: shardctl-<job id>-<attempt>.")
+    team: str
     nodes: int
     procs_per_node: int
     gpus_per_proc: int = Field(description="0 on the cpu kind.")
     command: list[str] = Field(description="The entrypoint each process runs (torchrun starts it).")
-    env: dict[str, str] = Field(default_factory=dict, description="Job token, API URL, NCCL settings...")
+    user_env: dict[str, str] = Field(default_factory=dict, description="The spec's entrypoint.env.")
     image: str | None = None
-    plan: dict[str, Any] = Field(description="The Plan JSON; backends ship it as a file or env var.")
-    spec: dict[str, Any] = Field(description="The TrainingSpec JSON (backend options live in spec.backend).")
-    team: str
+    options: BackendOptions = Field(default_factory=LocalOptions, description="The spec's backend options.")
+
+    @property
+    def job_id(self) -> int:
+        return self.job.job_id
+
+    @property
+    def attempt(self) -> int:
+        return self.job.attempt
+
+    @property
+    def plan(self) -> Plan:
+        return self.job.plan
 
     @property
     def world_size(self) -> int:
         return self.nodes * self.procs_per_node
 
-    @property
-    def backend_options(self) -> dict[str, Any]:
-        options: dict[str, Any] = self.spec.get("backend", {})
-        return options
+    def environment(self, out_dir: str | None = None) -> dict[str, str]:
+        """Every variable each rank gets: the user's, then the job contract's (which wins)."""
+        job = self.job if out_dir is None else self.job.model_copy(update={"out_dir": out_dir})
+        return {**self.user_env, **job.environ()}
 
 
 def attempt_name(job_id: int, attempt: int) -> str:
     return f"shardctl-{job_id}-{attempt}"
 
 
-PLAN_ENV = "SHARDCTL_PLAN_JSON"
-SPEC_ENV = "SHARDCTL_SPEC_JSON"
-OUT_ENV = "SHARDCTL_OUT_DIR"
-
-
 def runtime_command() -> list[str]:
-    """The built-in entrypoint: the training runtime. It reads the plan from $SHARDCTL_PLAN_JSON
-    (every backend ships `LaunchRequest.env`, which carries it) and writes to $SHARDCTL_OUT_DIR.
+    """The built-in entrypoint: the training runtime. It reads the `service.jobenv` contract.
 
     Commands name `python`, not this process's interpreter: a container has its own. Backends
     that run on this machine put this interpreter's directory first on PATH (`local_path_env`)."""
@@ -151,7 +169,6 @@ class Rendered(BaseModel):
 @runtime_checkable
 class Backend(Protocol):
     name: str
-    capabilities: Capabilities
 
     def render(self, req: LaunchRequest) -> Rendered: ...
 
@@ -162,5 +179,3 @@ class Backend(Protocol):
     def poll(self, handles: Sequence[Handle]) -> dict[str, Observation]: ...
 
     def cancel(self, handle: Handle) -> None: ...
-
-    def logs(self, handle: Handle, rank: int = 0, follow: bool = False) -> Iterator[str]: ...

@@ -17,22 +17,21 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
+from service.jobenv import PLAN
 from workers.backends.base import (
-    PLAN_ENV,
     REDACTED,
-    SPEC_ENV,
-    Capabilities,
     Handle,
     LaunchRequest,
     Observation,
     Rendered,
     RunState,
+    SubmissionRefused,
     is_secret_env,
 )
-from workers.backends.local_supervisor import node_commands
+from workers.backends.local_supervisor import job_environment, node_commands
 
 LOG_TAIL_LINES = 30
 START_GRACE_S = 30.0
@@ -68,7 +67,6 @@ class LocalBackend:
     """Processes on this host; `nodes` > 1 runs one torchrun agent per simulated node."""
 
     name = "local"
-    capabilities = Capabilities(multi_node=True, gpus=True, logs=True, preemption_requeue=False)
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
@@ -78,11 +76,14 @@ class LocalBackend:
         return self.folder / name
 
     def render(self, req: LaunchRequest) -> Rendered:
+        """What `submit` starts: the folder, one command per simulated node and the environment they get
+        (secrets redacted; the plan, which is the job's stored plan, left out for length)."""
+        final = self._dir(req.name)
         per_node = node_commands(req, "127.0.0.1:<free port>")
-        env = {k: (REDACTED if is_secret_env(k) else v) for k, v in req.env.items()
-               if k not in (PLAN_ENV, SPEC_ENV)}
+        env = {k: (REDACTED if is_secret_env(k) else v) for k, v in job_environment(req, final).items()
+               if k != PLAN}
         return Rendered(backend=self.name, name=req.name, content={
-            "folder": str(self._dir(req.name)), "nodes": req.nodes, "commands": per_node, "env": env})
+            "folder": str(final), "nodes": req.nodes, "commands": per_node, "env": env})
 
     def submit(self, req: LaunchRequest) -> Handle:
         """Start the attempt unless its folder already exists (then adopt it). Returns once the
@@ -101,7 +102,8 @@ class LocalBackend:
             if final.exists():
                 return Handle(name=req.name, backend_id=req.name)
             time.sleep(0.02)
-        raise RuntimeError(f"local supervisor for {req.name} did not start; see {self.folder}")
+        raise SubmissionRefused(f"the local supervisor for {req.name} did not start within {START_GRACE_S:.0f} s;"
+                                f" see {self.folder / f'.{req.name}.supervisor.log'}")
 
     def find(self, name: str) -> Handle | None:
         return Handle(name=name, backend_id=name) if self._dir(name).exists() else None
@@ -157,18 +159,3 @@ class LocalBackend:
             pgid = int(json.loads(state_file.read_text())["pgid"])
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGTERM)
-
-    def logs(self, handle: Handle, rank: int = 0, follow: bool = False) -> Iterator[str]:
-        """Lines of the simulated node `rank`'s log (torchrun prefixes each line with its local rank)."""
-        path = self._dir(handle.name) / f"node{rank}.log"
-        if not path.exists():
-            return
-        with path.open(errors="replace") as fh:
-            while True:
-                line = fh.readline()
-                if line:
-                    yield line.rstrip("\n")
-                    continue
-                if not follow or (self._dir(handle.name) / "exit.json").exists():
-                    return
-                time.sleep(0.2)

@@ -18,7 +18,20 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from workers.backends.base import OUT_ENV, LaunchRequest, local_path_env, torchrun_command
+from workers.backends.base import LaunchRequest, local_path_env, torchrun_command
+
+#: What a local job inherits from the server's environment: enough to run Python and find devices,
+#: never the server's own settings or credentials (SHARDCTL_DATABASE_URL, cloud keys...).
+INHERITED = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "PYTHONPATH",
+             "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
+
+def job_environment(req: LaunchRequest, final: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment every process of the attempt gets: a few inherited variables, the user's
+    entrypoint.env, and the job contract (`service.jobenv`) with `out/` as its output folder."""
+    source = os.environ if base is None else base
+    inherited = {k: source[k] for k in INHERITED if k in source}
+    return local_path_env({**inherited, **req.environment(out_dir=str(final / "out"))})
 
 
 def _free_port() -> int:
@@ -55,7 +68,7 @@ def main(tmp: Path, final: Path) -> int:
     _write(final / "state.json", {"pid": os.getpid(), "pgid": os.getpgid(0), "started_at": time.time()})
     req = LaunchRequest.model_validate_json((final / "request.json").read_text())
     endpoint = f"127.0.0.1:{_free_port()}"
-    env = local_path_env({**os.environ, **req.env, OUT_ENV: str(final / "out")})
+    env = job_environment(req, final)
     (final / "out").mkdir(exist_ok=True)
     children: list[subprocess.Popen[bytes]] = []
     cancelled = False

@@ -1,4 +1,9 @@
-"""`python -m workers.runtime --plan plan.json --out DIR [--spec spec.yaml]`, one process per rank."""
+"""`python -m workers.runtime [--plan plan.json] [--out DIR]`, one process per rank.
+
+Started by a backend, it takes everything from the job contract (`service.jobenv`): the stored plan
+from $SHARDCTL_PLAN_JSON and the output folder from $SHARDCTL_OUT_DIR. By hand, `--plan` takes a
+plan as `shardctl plan SPEC --json` prints it; the plan alone is enough to run.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +13,17 @@ import os
 import sys
 from pathlib import Path
 
-from workers.backends.base import OUT_ENV, PLAN_ENV, SPEC_ENV
-from workers.runtime.config import RunOptions
+from service.jobenv import OUT_DIR, PLAN, JobEnv, JobEnvError
+from service.planner import Plan
+from workers.runtime.config import PlanNotRunnable, RunOptions, load_plan
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m workers.runtime", description=(
         "Train the reference decoder under a shardctl plan (run under torchrun, one process per rank)."))
-    p.add_argument("--plan", type=Path, help="plan JSON, as `shardctl plan --json` prints it"
-                   f" (default: the JSON in ${PLAN_ENV}, as backends ship it)")
-    p.add_argument("--spec", type=Path, help="the spec the plan was made for (model shape, batch, steps);"
-                   f" default: the JSON in ${SPEC_ENV}; without either the spec is rebuilt from the plan's preset")
-    p.add_argument("--out", type=Path, help=f"directory for report.json, traces and checkpoints (default: ${OUT_ENV})")
+    p.add_argument("--plan", type=Path, help="plan JSON, as `shardctl plan SPEC --json` prints it"
+                   f" (default: the plan in ${PLAN}, as backends ship it)")
+    p.add_argument("--out", type=Path, help=f"directory for report.json, traces and checkpoints (default: ${OUT_DIR})")
     p.add_argument("--steps", type=int, help="override training.steps")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--lr", type=float, default=1e-3)
@@ -40,30 +44,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 
-def _from_env(path: Path | None, var: str, out: Path, filename: str) -> Path | None:
-    """`path`, or the JSON in $var written to `out/filename` (every rank writes the same bytes)."""
-    if path is not None or not os.environ.get(var):
-        return path
-    target = out / filename
-    tmp = out / f".{filename}.{os.getpid()}"
-    tmp.write_text(os.environ[var])
-    tmp.replace(target)
-    return target
+def _plan(path: Path | None) -> Plan:
+    """The plan: the file given, else the job contract's."""
+    if path is not None:
+        return load_plan(path)
+    return JobEnv.from_environ(os.environ).plan
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.out is None:
-        if not os.environ.get(OUT_ENV):
-            print(f"error: give --out or set ${OUT_ENV}", file=sys.stderr)
+        if not os.environ.get(OUT_DIR):
+            print(f"error: give --out or set ${OUT_DIR}", file=sys.stderr)
             sys.exit(2)
-        args.out = Path(os.environ[OUT_ENV])
+        args.out = Path(os.environ[OUT_DIR])
     args.out.mkdir(parents=True, exist_ok=True)
-    args.plan = _from_env(args.plan, PLAN_ENV, args.out, "plan.json")
-    args.spec = _from_env(args.spec, SPEC_ENV, args.out, "spec.json")
-    if args.plan is None:
-        print(f"error: give --plan or set ${PLAN_ENV}", file=sys.stderr)
-        sys.exit(2)
     logging.basicConfig(level=os.environ.get("SHARDCTL_LOG", "INFO"),
                         format=f"[rank {os.environ.get('RANK', '0')}] %(levelname)s %(name)s: %(message)s")
     opts = RunOptions(seed=args.seed, lr=args.lr, steps=args.steps, timeout_s=args.timeout_s,
@@ -72,12 +67,12 @@ def main(argv: list[str] | None = None) -> None:
                       profile_wait=args.profile_wait, profile_warmup=args.profile_warmup,
                       profile_active=args.profile_active, track_memory=not args.no_track_memory,
                       device=args.device, fail_rank=args.fail_rank, fail_step=args.fail_step)
-    from workers.runtime.config import load_run
+    from workers.runtime.config import resolve_run
     from workers.runtime.train import run
 
     try:
-        cfg = load_run(args.plan, args.spec, opts)
-    except Exception as exc:  # a bad plan or spec: say so on stderr, exit 2
+        cfg = resolve_run(_plan(args.plan), opts)
+    except (OSError, JobEnvError, PlanNotRunnable) as exc:  # no usable plan: say so on stderr, exit 2
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     run(cfg, args.out)

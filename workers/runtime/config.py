@@ -1,26 +1,24 @@
-"""What one run needs, resolved from the plan (and the spec): model shape, layout, batch, steps.
+"""What one run needs, all of it from the plan: model shape, layout, batch, optimizer, steps.
 
-The `Plan` JSON carries the layout, the memory and time predictions and the model's *name*, but
-not the model's shape, the global batch's precision/optimizer settings or the step count in a
-directly usable form. The runtime therefore accepts the spec too (`--spec`), and when none is
-given it rebuilds the spec from the plan: the model preset named by `plan.model` (must be a
-preset), `global_batch = dp * micro_batch * grad_accum_steps`, `precision = plan.precision.compute`,
-`steps = round(plan.time.job_s / plan.time.step_s)`, optimizer AdamW. With a spec, the plan's
-layout is re-estimated against it (`service.planner.estimate`) so the predictions the report
-compares against always belong to the same spec and layout.
+A plan carries the resolved model shape and the training settings it was made for, so a job runs
+the plan exactly as the API stored and showed it; nothing is re-planned here, and the report's
+"predicted" figures are the stored plan's.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-from service.planner import Layout, Plan, estimate
-from service.planner.models import PRESETS, ModelShape, resolve_model
-from service.spec import ModelSpec, Resources, TrainingConfig, TrainingSpec, load_spec
+from service.planner import Layout, Plan
+from service.planner.models import ModelShape
+from service.spec import TrainingConfig
+
+
+class PlanNotRunnable(ValueError):
+    """The plan cannot be run: unreadable, or made before plans carried the model shape."""
 
 
 class RunOptions(BaseModel):
@@ -50,9 +48,9 @@ class RunConfig(BaseModel):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    spec: TrainingSpec
     plan: Plan
     shape: ModelShape
+    training: TrainingConfig
     options: RunOptions
 
     @property
@@ -61,38 +59,19 @@ class RunConfig(BaseModel):
 
     @property
     def steps(self) -> int:
-        return self.options.steps if self.options.steps is not None else self.spec.training.steps
+        return self.options.steps if self.options.steps is not None else self.training.steps
 
 
-def spec_from_plan(plan: Plan) -> TrainingSpec:
-    """Rebuild the spec a plan was made from, as far as the plan says (see the module docstring)."""
-    if plan.model not in PRESETS:
-        raise ValueError(f"plan.model is {plan.model!r}, not a preset: pass --spec with the model's shape")
-    lay = plan.layout
-    precision = plan.precision.compute
-    steps = max(1, round(plan.time.job_s / plan.time.step_s)) if plan.time.step_s > 0 else 1
-    return TrainingSpec(
-        name=plan.name,
-        model=ModelSpec(preset=plan.model),
-        training=TrainingConfig(global_batch=lay.dp * lay.micro_batch * lay.grad_accum_steps,
-                                precision=precision,
-                                steps=steps),
-        resources=Resources(gpu=plan.gpu, gpus_per_node=plan.gpus_per_node, gpus=plan.world_size),
-    )
+def resolve_run(plan: Plan, options: RunOptions) -> RunConfig:
+    """The run of `plan` as stored; `PlanNotRunnable` when it lacks the model shape or training."""
+    if plan.shape is None or plan.training is None:
+        raise PlanNotRunnable(f"plan {plan.name!r} carries no model shape: it was made by an older shardctl;"
+                              " plan the spec again (`shardctl plan SPEC --json`) and run that plan")
+    return RunConfig(plan=plan, shape=plan.shape, training=plan.training, options=options)
 
 
 def load_plan(path: Path) -> Plan:
-    return Plan.model_validate(json.loads(path.read_text(encoding="utf-8")))
-
-
-def resolve_run(plan: Plan, spec: TrainingSpec | None, options: RunOptions) -> RunConfig:
-    """Pair a plan with its spec; with a spec, re-estimate the plan's layout against it."""
-    if spec is None:
-        spec = spec_from_plan(plan)
-    else:
-        plan = estimate(spec, plan.layout)
-    return RunConfig(spec=spec, plan=plan, shape=resolve_model(spec.model), options=options)
-
-
-def load_run(plan_path: Path, spec_path: Path | None, options: RunOptions) -> RunConfig:
-    return resolve_run(load_plan(plan_path), load_spec(spec_path) if spec_path else None, options)
+    try:
+        return Plan.model_validate_json(path.read_bytes())
+    except ValidationError as exc:
+        raise PlanNotRunnable(f"{path} is not a plan as `shardctl plan --json` prints it: {exc}") from exc

@@ -17,6 +17,8 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, Field
 
+from service import jobenv
+from service.jobenv import MeasurementKind
 from service.planner import Plan
 
 log = logging.getLogger("workers.runtime")
@@ -163,10 +165,10 @@ class ApiReporter:
 
     @classmethod
     def from_env(cls) -> ApiReporter:
-        return cls(os.environ.get("SHARDCTL_URL"), os.environ.get("SHARDCTL_JOB_ID"),
-                   os.environ.get("SHARDCTL_JOB_TOKEN"))
+        """Reports go where the job contract (`service.jobenv`) says, when it gives all three names."""
+        return cls(os.environ.get(jobenv.API_URL), os.environ.get(jobenv.JOB_ID), os.environ.get(jobenv.TOKEN))
 
-    def post(self, kind: Literal["heartbeat", "report", "profile"], data: dict[str, Any]) -> bool:
+    def post(self, kind: MeasurementKind, data: dict[str, Any]) -> bool:
         """POST one measurement; False (logged) when the API cannot be reached or refuses it."""
         if self._client is None:
             return False

@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
+from service.jobenv import MeasurementKind
 from service.planner.timing import FLOP_CONVENTION, model_flops_per_step
 from workers.runtime import checkpoint
 from workers.runtime.config import RunConfig
@@ -96,7 +97,7 @@ def run(cfg: RunConfig, out: Path) -> NoReturn:
         if write_report(out, report, exclusive=True):
             # Whichever rank fails first reports it, not only rank 0.
             failing = reporter if reporter.enabled else ApiReporter.from_env()
-            failing.post("report", report.model_dump(mode="json"))
+            failing.post(MeasurementKind.REPORT, report.model_dump(mode="json"))
         (out / "errors").mkdir(parents=True, exist_ok=True)
         (out / "errors" / f"rank{rank}.json").write_text(err.model_dump_json(indent=2), encoding="utf-8")
         os._exit(code)
@@ -115,9 +116,9 @@ def run(cfg: RunConfig, out: Path) -> NoReturn:
         fail(exc)
     if rank == 0:
         write_report(out, report)
-        reporter.post("report", report.model_dump(mode="json"))
+        reporter.post(MeasurementKind.REPORT, report.model_dump(mode="json"))
         if report.profile is not None:
-            reporter.post("profile", report.profile)
+            reporter.post(MeasurementKind.PROFILE, report.profile)
     reporter.close()
     dist.barrier()
     dist.destroy_process_group()
@@ -130,12 +131,12 @@ def _train(cfg: RunConfig, out: Path, device: torch.device, rank: int, reporter:
     mesh = build_mesh(layout, device)
     torch.manual_seed(opts.seed)
     model = Decoder(shape)
-    applied = apply_plan(model, cfg.plan, mesh, device=device, optimizer_name=cfg.spec.training.optimizer, lr=opts.lr)
+    applied = apply_plan(model, cfg.plan, mesh, device=device, optimizer_name=cfg.training.optimizer, lr=opts.lr)
     ckpt_root = out / "checkpoints"
     start = checkpoint.load(ckpt_root, applied)
     watchdog.touch()
     steps = cfg.steps
-    gb = cfg.spec.training.global_batch
+    gb = cfg.training.global_batch
     tokens_per_step = gb * shape.seq_len
     track_k = 1 if steps - start > 1 else 0
     cpu_trackable = layout.pp == 1 and layout.grad_accum_steps == 1
@@ -173,7 +174,7 @@ def _train(cfg: RunConfig, out: Path, device: torch.device, rank: int, reporter:
                 # Every rank joins this step's loss all-reduce; rank 0 posts.
                 beat_loss = _global_losses([loss], device)[0]
                 if rank == 0:
-                    reporter.post("heartbeat", {"step": step + 1, "loss": beat_loss,
+                    reporter.post(MeasurementKind.HEARTBEAT, {"step": step + 1, "loss": beat_loss,
                                                 "tokens_per_s": tokens_per_step / times[-1][1]})
             done = step + 1
             if opts.checkpoint_every and done % opts.checkpoint_every == 0 and done < steps:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
@@ -12,7 +12,9 @@ from service.api.deps import Caller, Db, Person, Reporter
 from service.api.schemas import ErrorResponse, EventOut, JobOut, JobPage, MeasurementIn, MeasurementOut
 from service.api.submission import submit
 from service.api.views import event_out, job_out, job_summary
-from service.spec import NAME_PATTERN, TrainingSpec
+from service.backend_options import BackendKind
+from service.names import Label
+from service.spec import TrainingSpec
 from service.store.jobs import (
     MAX_PAGE,
     JobFilter,
@@ -23,7 +25,7 @@ from service.store.jobs import (
     list_jobs,
     visible_job,
 )
-from service.store.states import JobStatus
+from service.store.vocab import JobStatus
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 ERRORS: dict[int | str, dict[str, object]] = {
@@ -37,7 +39,7 @@ def create_job(spec: TrainingSpec, principal: Person, db: Db, request: Request, 
                idempotency_key: Annotated[str | None, Header()] = None) -> JobOut:
     """201 with the new job; 200 with the first job when the same `Idempotency-Key` and body come
     again; 409 when the key comes with a different body; 422 when no layout fits."""
-    job_id, created = submit(db, principal, spec, idempotency_key)
+    job_id, created = submit(db, principal, spec, idempotency_key, request.app.state.configured_backends)
     with db.begin() as session:
         out = job_out(session, visible_job(session, principal, job_id, detail=True))
     if created:
@@ -50,12 +52,12 @@ def create_job(spec: TrainingSpec, principal: Person, db: Db, request: Request, 
 @router.get("", response_model=JobPage, summary="List jobs, newest first")
 def get_jobs(principal: Caller, db: Db,
              status: Annotated[list[JobStatus] | None, Query(description="Repeat to match several.")] = None,
-             team: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
-             backend: Annotated[Literal["local", "slurm", "kubernetes"] | None, Query()] = None,
+             team: Annotated[Label | None, Query()] = None,
+             backend: Annotated[BackendKind | None, Query()] = None,
              name: Annotated[str | None, Query(max_length=200)] = None,
              limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
              cursor: Annotated[str | None, Query(pattern=r"^\d{1,18}$")] = None) -> JobPage:
-    filters = JobFilter(status=[s.value for s in status or []], team=team, backend=backend, name=name)
+    filters = JobFilter(status=list(status or []), team=team, backend=backend, name=name)
     with db.begin() as session:
         rows, next_cursor = list_jobs(session, principal, filters, limit=limit,
                                       cursor=int(cursor) if cursor else None)

@@ -7,7 +7,7 @@ from pydantic import Field
 
 from service.api.deps import Person
 from service.api.errors import ApiError
-from service.api.submission import cached_plan
+from service.api.submission import cached_plan, check_backend
 from service.planner import Plan
 from service.spec import TrainingSpec
 
@@ -23,13 +23,14 @@ class PlanPreview(Plan):
 @router.post("", response_model=PlanPreview, summary="Dry run: plan a spec without creating a job")
 def create_plan(spec: TrainingSpec, _: Person, request: Request) -> PlanPreview:
     """The planner's `Plan`, fitting or not (`fits` says which), with the rendered launch request.
-    No job is created."""
+    No job is created. 422 when the spec's backend is not configured on this server."""
+    check_backend(spec, request.app.state.configured_backends)
     result = cached_plan(spec)
     preview = request.app.state.launch_preview
     launch = None
     if preview is not None and result.fits:
         try:
-            launch = preview(spec.model_dump(mode="json"), result.model_dump(mode="json"))
+            launch = preview(spec, result)
         except ValueError as exc:  # the backend cannot render this spec (e.g. no image for Kubernetes)
             raise ApiError(422, "cannot_render", f"{spec.backend.kind}: {exc}") from exc
     return PlanPreview(**result.model_dump(), launch=launch)

@@ -18,12 +18,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.api.deps import Caller, Db, Reporter
 from service.api.errors import ApiError
 from service.api.routers.jobs import ERRORS, JobId
-from service.planner.result import StepEstimate
+
 from service.profiles import ProfileSummary, TraceError, analyze_traces
 from service.store.jobs import add_measurement, visible_job
 from service.store.models import Job, Measurement
 from service.store.states import add_event
 from service.store.tokens import Principal
+from service.store.vocab import EventKind, MeasurementKind
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["profiles"])
@@ -49,7 +50,7 @@ def post_profile(job_id: JobId, summary: ProfileSummary, principal: Reporter, db
     by `POST /v1/jobs/{job_id}/profiles/traces` (202, analysed in the background)."""
     with db.begin() as session:
         job = visible_job(session, principal, job_id)
-        row = add_measurement(session, principal, job, "profile", summary.model_dump(mode="json"))
+        row = add_measurement(session, principal, job, MeasurementKind.PROFILE, summary.model_dump(mode="json"))
         return ProfileOut(at=row.at, summary=row.data)
 
 
@@ -102,8 +103,8 @@ def _predicted_comm(db: sessionmaker[Session], job_id: int) -> float | None:
         if job is None:
             return None
         try:
-            return StepEstimate.model_validate(job.plan["time"]).exposed_comm_fraction
-        except (KeyError, TypeError, ValidationError):
+            return job.plan.time.exposed_comm_fraction
+        except ValidationError:  # a stored plan this version cannot read
             return None
 
 
@@ -127,9 +128,9 @@ def _analyse(db: sessionmaker[Session], principal: Principal, job_id: int, paths
         if job is None:
             return
         if outcome[0] == "profile":
-            add_measurement(session, principal, job, "profile", outcome[1])
+            add_measurement(session, principal, job, MeasurementKind.PROFILE, outcome[1])
         else:
-            add_event(session, job, actor=principal.actor, kind="job.profile_failed", message=outcome[1])
+            add_event(session, job, actor=principal.actor, kind=EventKind.PROFILE_FAILED, message=outcome[1])
 
 
 @router.get("/{job_id}/profiles", response_model=list[ProfileOut], responses=ERRORS,
@@ -137,6 +138,6 @@ def _analyse(db: sessionmaker[Session], principal: Principal, job_id: int, paths
 def get_profiles(job_id: JobId, principal: Caller, db: Db) -> list[ProfileOut]:
     with db.begin() as session:
         job = visible_job(session, principal, job_id)
-        rows = session.scalars(select(Measurement).where(Measurement.job_id == job.id, Measurement.kind == "profile")
+        rows = session.scalars(select(Measurement).where(Measurement.job_id == job.id, Measurement.kind == MeasurementKind.PROFILE)
                                .order_by(Measurement.id.desc()))
         return [ProfileOut(at=r.at, summary=r.data) for r in rows]

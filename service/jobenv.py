@@ -1,0 +1,88 @@
+"""The contract between the control plane and a running job: what each rank is given, by name, and
+what it reports back.
+
+Every backend ships `JobEnv.variables()` and `JobEnv.secrets()` to every rank as environment
+variables, whatever way it has to do so (a process environment, an sbatch environment, a
+ConfigMap and a Secret); the runtime reads them back with `JobEnv.from_environ`. These names are
+the only `SHARDCTL_*` variables a job is given; nothing else writes or reads them.
+
+The plan travels whole, exactly as the API stored and showed it: it carries the resolved model
+shape and the training settings, so a job needs nothing else to run it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+
+from service.planner.result import Plan
+
+JOB_ID = "SHARDCTL_JOB_ID"
+ATTEMPT = "SHARDCTL_ATTEMPT"
+PLAN = "SHARDCTL_PLAN_JSON"
+OUT_DIR = "SHARDCTL_OUT_DIR"
+API_URL = "SHARDCTL_URL"
+TOKEN = "SHARDCTL_JOB_TOKEN"  # the one secret: backends keep it out of previews and in their secret stores
+
+NAMES = (JOB_ID, ATTEMPT, PLAN, OUT_DIR, API_URL, TOKEN)
+
+
+class MeasurementKind(StrEnum):
+    """What a job reports about itself (`POST /v1/jobs/{id}/measurements` with its token)."""
+
+    HEARTBEAT = "heartbeat"
+    REPORT = "report"
+    PROFILE = "profile"
+
+
+class JobEnvError(ValueError):
+    """The environment does not carry a usable job contract (a variable missing or malformed)."""
+
+
+class JobEnv(BaseModel):
+    """What one attempt of a job is given. `out_dir` is where it writes; the backend sets it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    job_id: int = Field(ge=0)
+    attempt: int = Field(ge=1)
+    plan: Plan
+    api_url: str | None = Field(None, description="Where the job reports; None: it reports nowhere.")
+    token: SecretStr | None = Field(None, description="The job-scoped token for its reports.")
+    out_dir: str | None = None
+
+    def variables(self) -> dict[str, str]:
+        """The plain variables (never the token)."""
+        env = {JOB_ID: str(self.job_id), ATTEMPT: str(self.attempt), PLAN: self.plan.model_dump_json()}
+        if self.api_url:
+            env[API_URL] = self.api_url
+        if self.out_dir:
+            env[OUT_DIR] = self.out_dir
+        return env
+
+    def secrets(self) -> dict[str, str]:
+        """The secret variables: the job token, when there is one."""
+        return {TOKEN: self.token.get_secret_value()} if self.token is not None else {}
+
+    def environ(self) -> dict[str, str]:
+        return {**self.variables(), **self.secrets()}
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> JobEnv:
+        """Read the contract back in the job; `JobEnvError` names the variable that is wrong."""
+        missing = [name for name in (JOB_ID, ATTEMPT, PLAN) if not environ.get(name)]
+        if missing:
+            raise JobEnvError(f"${', $'.join(missing)} not set: this process was not started by a shardctl backend"
+                              " (run `python -m workers.runtime --plan plan.json --out DIR` by hand)")
+        try:
+            plan = Plan.model_validate_json(environ[PLAN])
+        except ValidationError as exc:
+            raise JobEnvError(f"${PLAN} is not a plan: {exc.errors()[0]['msg']}") from exc
+        try:
+            return cls(job_id=int(environ[JOB_ID]), attempt=int(environ[ATTEMPT]), plan=plan,
+                       api_url=environ.get(API_URL) or None, token=environ.get(TOKEN) or None,
+                       out_dir=environ.get(OUT_DIR) or None)
+        except (ValueError, ValidationError) as exc:
+            raise JobEnvError(f"${JOB_ID} and ${ATTEMPT} must be integers: {exc}") from exc

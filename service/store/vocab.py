@@ -1,0 +1,67 @@
+"""Every state and kind the store keeps, one enum per vocabulary.
+
+Columns hold the enums' string values, so rows written before these enums existed read back
+unchanged and no data migrates. Event kinds are an open set (`job.<status>` for each transition
+plus the constants below), so they are constants, not an enum.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from service.jobenv import MeasurementKind
+
+__all__ = ["AttemptStatus", "EventKind", "JobStatus", "MeasurementKind", "Role"]
+
+
+class JobStatus(StrEnum):
+    """Where a job is in its life; `service.store.states` says which may follow which."""
+
+    QUEUED = "QUEUED"
+    SUBMITTING = "SUBMITTING"
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    CANCELLING = "CANCELLING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+
+class AttemptStatus(StrEnum):
+    """Where one backend submission of a job is, as the dispatcher last saw it."""
+
+    SUBMITTING = "SUBMITTING"
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    MISSING = "MISSING"  # the backend no longer knew the submission
+    PREEMPTED = "PREEMPTED"  # the backend requeued this same submission; the next attempt continues it
+
+
+class Role(StrEnum):
+    """What a token may do: everything; its team's jobs; report for one job."""
+
+    ADMIN = "admin"
+    MEMBER = "member"
+    JOB = "job"
+
+
+class EventKind:
+    """Event kinds besides `job.<status>` (see `status_event`)."""
+
+    RESUME_SUBMIT = "job.resume_submit"
+    REQUEUED = "job.requeued"
+    BACKEND_UNREACHABLE = "backend.unreachable"
+    PROFILE_FAILED = "job.profile_failed"
+
+    @staticmethod
+    def status(status: JobStatus) -> str:
+        """The kind of the event a transition to `status` appends, e.g. `job.running`."""
+        return f"job.{status.value.lower()}"
+
+    @staticmethod
+    def measurement(kind: MeasurementKind) -> str:
+        """The kind of the event a report or profile appends, e.g. `job.report`."""
+        return f"job.{kind.value}"
