@@ -2,8 +2,10 @@
 
 What it serves (HTTP/1.0, JSON, no auth):
 
-- discovery: `/api`, `/api/v1`, `/apis`, `/apis/<group>/<version>` (JobSet and PyTorchJob only when
-  enabled: `FakeApiServer(jobset=False)` is a cluster without the JobSet controller);
+- discovery, as `kubernetes.dynamic.DynamicClient` reads it: `/version`, `/api`, `/api/v1`, `/apis`,
+  `/apis/<group>/<version>` (`APIResourceList`s with kind, name, namespaced, verbs, and the
+  `pods/log` subresource); JobSet and PyTorchJob only when enabled: `FakeApiServer(jobset=False)` is
+  a cluster without the JobSet controller (absent from `/apis`, 404 on its group version);
 - namespaced create (POST), get, list (label selectors: `k=v`, `k==v`, `k!=v`, `k in (..)`,
   `k notin (..)`, `k`, `!k`), delete (with `propagationPolicy`), merge-patch (PATCH) for
   ConfigMap, Secret, Service, Pod, batch/v1 Job, JobSet, PyTorchJob; pod logs (`.../pods/<p>/log`);
@@ -15,7 +17,8 @@ What it serves (HTTP/1.0, JSON, no auth):
 
 No controllers run. Tests script the world through the Python API: `make_pods` (what the JobSet/Job/
 Kubeflow controllers would create from the stored template), `set_pod`, `set_condition`,
-`set_status`, `set_log`, `go_down`/`come_back` (connection refused), and read `requests`.
+`set_status`, `set_log`, `go_down`/`come_back` (connection refused), `fail_status`/`fail_paths` (scripted error
+answers), and read `requests`.
 """
 
 from __future__ import annotations
@@ -56,6 +59,12 @@ BATCH = Resource("batch", "v1", "jobs", "Job")
 JOBSET = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
 PYTORCHJOB = Resource("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
 BUILTIN_KINDS = {"ConfigMap", "Secret", "Service", "Pod", "Job"}
+#: What the fake implements on every resource, and the subresources it serves (as discovery says).
+VERBS = ("create", "delete", "get", "list", "patch")
+SUBRESOURCES: dict[str, dict[str, tuple[str, ...]]] = {"pods": {"log": ("get",)}}
+VERSION = {"major": "1", "minor": "33", "gitVersion": "v1.33.0-shardctl-fake", "gitCommit": "0" * 40,
+           "gitTreeState": "clean", "buildDate": "2025-04-23T00:00:00Z", "goVersion": "go1.24.0", "compiler": "gc",
+           "platform": "linux/amd64"}
 
 
 def now_iso() -> str:
@@ -155,6 +164,7 @@ class FakeApiServer:
         self.deletions: list[tuple[str, str, str, str | None]] = []  # plural, ns, name, propagationPolicy
         self.hold_foreground = hold_foreground
         self.fail_status: int | None = None  # answer every request with this status (e.g. 503)
+        self.fail_paths: dict[str, int] = {}  # answer requests for these exact paths with these statuses
         self._rv = 0
         self._lock = threading.RLock()
         self._httpd: ThreadingHTTPServer | None = None
@@ -465,6 +475,11 @@ class FakeApiServer:
 
     # -- discovery -------------------------------------------------------------------------------
     def discovery(self, path: str) -> dict[str, Any] | None:
+        """The discovery documents `kubernetes.dynamic.DynamicClient` reads: `/version`, `/api`, `/apis`
+        and one `APIResourceList` per served group version, listing exactly what this server
+        implements (kinds, plurals, `namespaced`, verbs, and the `pods/log` subresource)."""
+        if path == "/version":
+            return dict(VERSION)
         if path == "/api":
             return {"kind": "APIVersions", "versions": ["v1"],
                     "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]}
@@ -486,9 +501,14 @@ class FakeApiServer:
         resources = [r for r in self.resources.values() if (r.group, r.version) == (group, version)]
         if not resources:
             return None
+        listed: list[dict[str, Any]] = []
+        for r in resources:
+            listed.append({"name": r.plural, "singularName": r.kind.lower(), "namespaced": True, "kind": r.kind,
+                           "verbs": list(VERBS)})
+            listed.extend({"name": f"{r.plural}/{sub}", "singularName": "", "namespaced": True, "kind": r.kind,
+                           "verbs": list(verbs)} for sub, verbs in SUBRESOURCES.get(r.plural, {}).items())
         return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": resources[0].api_version,
-                "resources": [{"name": r.plural, "singularName": r.kind.lower(), "namespaced": True, "kind": r.kind,
-                               "verbs": ["create", "delete", "get", "list", "patch"]} for r in resources]}
+                "resources": listed}
 
 
 _PATH = re.compile(r"^/(?:api/(?P<cv>v1)|apis/(?P<g>[^/]+)/(?P<v>[^/]+))/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/]+)"
@@ -526,8 +546,9 @@ class _Handler(BaseHTTPRequestHandler):
         with self.fake._lock:
             self.fake.requests.append((method, url.path, query))
         try:
-            if self.fake.fail_status is not None:
-                raise ApiError(self.fake.fail_status, "ServiceUnavailable", "scripted failure")
+            status = self.fake.fail_paths.get(url.path, self.fake.fail_status)
+            if status is not None:
+                raise ApiError(status, "ServiceUnavailable", "scripted failure")
             self._dispatch(method, url.path, query)
         except ApiError as exc:
             self._send(exc.code, exc.body)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import time
 from pathlib import Path
 from typing import Any
@@ -10,11 +11,19 @@ import pytest
 import yaml
 from kubernetes import client
 
+from service.jobenv import TOKEN
 from tests.k8s.conftest import IMAGE, NS, make_request
 from tests.k8s.fake_apiserver import FakeApiServer, now_iso
-from workers.backends.base import Backend, BackendUnavailable, Handle, RunState
-from workers.backends.k8s_objects import RenderOptions, render_objects
-from workers.backends.kubernetes import KubernetesBackend, SubmissionRejected
+from workers.backends.base import (
+    Backend,
+    BackendUnavailable,
+    Handle,
+    RunState,
+    SubmissionRefused,
+    TransientBackendError,
+)
+from workers.backends.kubernetes import KubernetesBackend
+from workers.backends.kubernetes.render import RenderOptions, render_objects, secret_values, with_secrets
 
 NAME = "shardctl-7-1"
 
@@ -25,10 +34,48 @@ def _backend(fake: FakeApiServer, **kwargs: Any) -> KubernetesBackend:
                                      "queue_for_team": {"vision": "vision-queue"}, **kwargs})
 
 
-def test_protocol_and_capabilities(backend: KubernetesBackend) -> None:
+def test_protocol(backend: KubernetesBackend) -> None:
     assert isinstance(backend, Backend)
-    caps = backend.capabilities
-    assert caps.multi_node and caps.gpus and caps.logs and caps.preemption_requeue
+    assert not hasattr(backend, "capabilities") and not hasattr(backend, "logs")  # not in the protocol
+
+
+def _submitted(obj: dict[str, Any]) -> dict[str, Any]:
+    """A stored object as it was sent: without what the server adds (uid, status, Job defaults...)."""
+    out = {k: v for k, v in obj.items() if k != "status"}
+    out["metadata"] = {k: v for k, v in obj["metadata"].items()
+                       if k not in ("uid", "resourceVersion", "creationTimestamp", "generation", "ownerReferences")}
+    if obj["kind"] == "Secret":
+        out.pop("data")
+        out["stringData"] = {k: base64.b64decode(v).decode() for k, v in obj["data"].items()}
+    if obj["kind"] == "Job":
+        out["spec"] = {k: v for k, v in obj["spec"].items() if k != "selector"}
+        labels = out["spec"]["template"]["metadata"]["labels"]
+        for key in ("batch.kubernetes.io/controller-uid", "controller-uid", "batch.kubernetes.io/job-name",
+                    "job-name"):
+            labels.pop(key)
+    return out
+
+
+PLURALS = {"ConfigMap": "configmaps", "Secret": "secrets", "Service": "services", "Job": "jobs",
+           "JobSet": "jobsets", "PyTorchJob": "pytorchjobs"}
+
+
+@pytest.mark.parametrize("jobset,obj", [(True, None), (False, None), (True, "pytorchjob")])
+def test_submit_creates_exactly_what_render_shows(jobset: bool, obj: str | None) -> None:
+    """The dry run is the submission: every rendered object arrives as rendered, secrets filled in."""
+    from tests.k8s.schemas import require_crd_schemas
+
+    require_crd_schemas()
+    with FakeApiServer(jobset=jobset) as fake:
+        backend = _backend(fake)
+        req = make_request(env={"DB_PASSWORD": "hunter2"}, backend={"object": obj} if obj else {})
+        backend.submit(req)
+        shown = backend.render(req).content["items"]
+        stored = [fake.get(PLURALS[o["kind"]], NS, o["metadata"]["name"]) for o in shown]
+        assert all(o is not None for o in stored)
+        assert [_submitted(o) for o in stored if o] == with_secrets(shown, secret_values(req))
+        assert next(o for o in shown if o["kind"] == "Secret")["stringData"] == {"DB_PASSWORD": "<redacted>",
+                                                                                  TOKEN: "<redacted>"}
 
 
 def test_jobset_lifecycle_pending_running_succeeded(fake: FakeApiServer, backend: KubernetesBackend) -> None:
@@ -150,7 +197,7 @@ def test_already_exists_means_adopt(fake: FakeApiServer, backend: KubernetesBack
 def test_crash_after_helpers_before_workload_completes_on_retry(fake: FakeApiServer,
                                                                 backend: KubernetesBackend) -> None:
     """A submit that died after the ConfigMap: the next submit adopts it and creates the rest."""
-    objs = render_objects(make_request(), backend.options, "jobset", redact=False)
+    objs = render_objects(make_request(), backend.options, "jobset")
     fake._store("configmaps", NS, objs[0])
     handle = backend.submit(make_request())
     assert handle.backend_id == f"jobset/{NS}/{NAME}"
@@ -165,12 +212,12 @@ def test_find_after_a_crash_with_a_fresh_backend(fake: FakeApiServer, backend: K
 
 
 def test_name_taken_by_someone_else_is_not_adopted(fake: FakeApiServer, backend: KubernetesBackend) -> None:
-    objs = render_objects(make_request(), backend.options, "jobset", redact=False)
+    objs = with_secrets(render_objects(make_request(), backend.options, "jobset"), secret_values(make_request()))
     foreign = objs[-1]
     foreign["metadata"]["labels"] = {"app.kubernetes.io/managed-by": "someone-else"}
     fake._store("jobsets", NS, foreign)
     assert backend.find(NAME) is None
-    with pytest.raises(SubmissionRejected, match="not managed by shardctl"):
+    with pytest.raises(SubmissionRefused, match="not managed by shardctl"):
         backend.submit(make_request())
 
 
@@ -232,7 +279,7 @@ def test_fallback_to_indexed_job_without_jobset_api() -> None:
         obs = backend.poll([handle])[NAME]
         assert (obs.state, obs.failure) == (RunState.FAILED, "timeout")
         assert _backend(fake).find(NAME) == handle
-        with pytest.raises(SubmissionRejected, match="does not serve jobset"):
+        with pytest.raises(SubmissionRefused, match="does not serve jobset"):
             backend.submit(make_request(job_id=8, backend={"object": "jobset"}))
         backend.cancel(handle)
         assert fake.names("jobs") == [] and fake.names("services") == [] and fake.names("pods") == []
@@ -253,7 +300,7 @@ def test_indexed_job_program_failure_from_failure_message_alone() -> None:
         assert backend.poll([handle])[NAME].state == RunState.SUCCEEDED
 
 
-def test_pytorchjob_lifecycle_and_logs_by_rank(fake: FakeApiServer, backend: KubernetesBackend) -> None:
+def test_pytorchjob_lifecycle(fake: FakeApiServer, backend: KubernetesBackend) -> None:
     handle = backend.submit(make_request(nodes=3, backend={"object": "pytorchjob"}))
     assert handle.backend_id == f"pytorchjob/{NS}/{NAME}"
     pods = fake.make_pods("pytorchjobs", NS, NAME)
@@ -264,23 +311,13 @@ def test_pytorchjob_lifecycle_and_logs_by_rank(fake: FakeApiServer, backend: Kub
     for pod in pods:
         fake.set_pod(NS, pod, phase="Running", node=f"n-{pod[-1]}")
     assert backend.poll([handle])[NAME].state == RunState.RUNNING
-    fake.set_log(NS, f"{NAME}-worker-0", "rank1 line1\nrank1 line2\n")
-    assert list(backend.logs(handle, rank=1)) == ["rank1 line1", "rank1 line2"]
-    assert list(backend.logs(handle, rank=7)) == []
     fake.set_condition("pytorchjobs", NS, NAME, "Succeeded")
     assert backend.poll([handle])[NAME].state == RunState.SUCCEEDED
 
 
-def test_logs_of_a_jobset_rank_follow(fake: FakeApiServer, backend: KubernetesBackend) -> None:
-    handle, pods = _run(fake, backend)
-    fake.set_log(NS, pods[0], "step 1\nstep 2")
-    assert list(backend.logs(handle, 0, follow=True)) == ["step 1", "step 2"]
-    assert any(p.endswith(f"/pods/{pods[0]}/log") and q.get("follow") == ["true"] for m, p, q in fake.requests)
-
-
 def test_namespaces_are_an_allow_list(fake: FakeApiServer) -> None:
     backend = _backend(fake, namespaces=["team-b"])
-    with pytest.raises(SubmissionRejected, match="not managed"):
+    with pytest.raises(SubmissionRefused, match="not managed"):
         backend.submit(make_request(backend={"namespace": "kube-system"}))
     handle = backend.submit(make_request(backend={"namespace": "team-b"}))
     assert handle.backend_id == f"jobset/team-b/{NAME}"
@@ -311,9 +348,68 @@ def test_server_errors_are_backend_unavailable_not_verdicts(fake: FakeApiServer,
     assert backend.poll([handle])[NAME].state == RunState.PENDING
 
 
-def test_rejection_by_the_server_is_submission_rejected(fake: FakeApiServer, backend: KubernetesBackend) -> None:
+@pytest.mark.parametrize("status,error", [(429, TransientBackendError), (500, TransientBackendError),
+                                          (502, BackendUnavailable), (504, BackendUnavailable),
+                                          (401, BackendUnavailable), (403, SubmissionRefused)])
+def test_answers_map_to_the_backend_error_vocabulary(fake: FakeApiServer, backend: KubernetesBackend,
+                                                     status: int, error: type[Exception]) -> None:
+    backend.submit(make_request(job_id=1))  # discovery done: the scripted answer hits the create itself
+    fake.fail_status = status
+    with pytest.raises(error) as info:
+        backend.submit(make_request())
+    assert type(info.value) is error and str(status) in str(info.value)
+
+
+def test_a_refused_discovery_is_about_the_backend_not_the_job(fake: FakeApiServer,
+                                                             backend: KubernetesBackend) -> None:
+    fake.fail_paths["/apis"] = 403
+    with pytest.raises(BackendUnavailable, match=r"discovery refused: .*403"):
+        backend.submit(make_request())
+    del fake.fail_paths["/apis"]
+    assert backend.submit(make_request()).backend_id == f"jobset/{NS}/{NAME}"
+
+
+def test_a_name_taken_while_submitting_is_adopted_or_retried(fake: FakeApiServer, backend: KubernetesBackend,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """409 AlreadyExists, and the object is gone by the time we read it: try again later."""
+    fake._store("configmaps", NS, render_objects(make_request(), backend.options, "jobset")[0])
+    monkeypatch.setattr(backend._kube, "get", lambda *args: None)
+    with pytest.raises(TransientBackendError, match="existed and vanished"):
+        backend.submit(make_request())
+
+
+def test_an_outage_of_the_jobset_group_is_not_a_cluster_without_jobset(fake: FakeApiServer,
+                                                                       backend: KubernetesBackend) -> None:
+    """DynamicClient takes a 503 on a group version for "no resources": the backend asks again."""
+    fake.fail_paths["/apis/jobset.x-k8s.io/v1alpha2"] = 503
+    with pytest.raises(BackendUnavailable, match="503"):
+        backend.submit(make_request())
+    assert fake.names("configmaps") == []
+    del fake.fail_paths["/apis/jobset.x-k8s.io/v1alpha2"]
+    assert backend.submit(make_request()).backend_id == f"jobset/{NS}/{NAME}"
+
+
+def test_discovery_is_dynamic_client_once_and_in_memory(fake: FakeApiServer, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where DynamicClient would write its cache
+    backend = _backend(fake)
+    assert backend.find(NAME) is None
+    paths = {p for m, p, _ in fake.requests}
+    assert {"/version", "/apis", "/apis/jobset.x-k8s.io/v1alpha2", "/apis/kubeflow.org/v1"} <= paths
+    assert list(tmp_path.iterdir()) == []  # no discovery cache file: a CRD installed later is seen
+    fake.reset_requests()
+    handle = backend.submit(make_request())
+    backend.poll([handle])
+    backend.find(NAME)
+    discovery = [p for m, p, _ in fake.requests if "/namespaces/" not in p]
+    assert discovery == ["/api/v1"]  # the core group, once, on first use of a ConfigMap; nothing else again
+
+
+def test_rejection_by_the_server_is_submission_refused(fake: FakeApiServer, backend: KubernetesBackend) -> None:
     req = make_request(backend={"node_selector": {"bad key!": "x"}})
-    with pytest.raises(SubmissionRejected, match="422"):
+    with pytest.raises(SubmissionRefused, match="422"):
         backend.submit(req)
     assert fake.names("jobsets") == []
     assert fake.names("configmaps") == [] and fake.names("secrets") == []  # helpers removed again

@@ -7,11 +7,14 @@ import copy
 import json
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pydantic
 import pytest
 from kubernetes import client
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
 from tests.k8s.fake_apiserver import FakeApiServer, parse_selector, selector_matches
 from tests.k8s.schemas import EXAMPLES_DIR, load_yaml_documents, require_crd_schemas, validate
@@ -167,6 +170,70 @@ def test_discovery_and_missing_crds() -> None:
         assert info.value.status == 404
         resources = client.BatchV1Api(api).get_api_resources()
         assert [r.name for r in resources.resources] == ["jobs"]
+
+
+def _dynamic(fake: FakeApiServer, cache: Path) -> Any:
+    api = client.ApiClient(client.Configuration(host=fake.host))
+    return DynamicClient(api, cache_file=str(cache))  # type: ignore[no-untyped-call]
+
+
+@pytest.mark.parametrize("api_version,kind,plural", [
+    ("v1", "ConfigMap", "configmaps"), ("v1", "Secret", "secrets"), ("v1", "Service", "services"),
+    ("v1", "Pod", "pods"), ("batch/v1", "Job", "jobs"), ("jobset.x-k8s.io/v1alpha2", "JobSet", "jobsets"),
+    ("kubeflow.org/v1", "PyTorchJob", "pytorchjobs"),
+])
+def test_dynamic_client_discovers_every_served_kind(fake: FakeApiServer, tmp_path: Path, api_version: str,
+                                                    kind: str, plural: str) -> None:
+    dyn = _dynamic(fake, tmp_path / "cache.json")
+    res = dyn.resources.get(api_version=api_version, kind=kind)
+    assert (res.name, res.namespaced, res.group_version) == (plural, True, api_version)
+    assert set(res.verbs) == {"create", "delete", "get", "list", "patch"}
+    assert set(res.subresources) == ({"log"} if kind == "Pod" else set())
+    assert dyn.version["kubernetes"]["gitVersion"].startswith("v1.33")
+    # and the path it builds is one this server answers
+    assert dyn.get(res, namespace="team-a", label_selector="a=b").to_dict()["items"] == []
+
+
+def test_discovery_documents_are_what_a_real_server_sends(fake: FakeApiServer) -> None:
+    api = client.ApiClient(client.Configuration(host=fake.host))
+    core = client.CoreV1Api(api).get_api_resources()
+    assert core.group_version == "v1"
+    by_name = {r.name: r for r in core.resources}
+    assert set(by_name) == {"configmaps", "secrets", "services", "pods", "pods/log"}
+    assert (by_name["pods/log"].kind, by_name["pods/log"].verbs) == ("Pod", ["get"])
+    assert by_name["configmaps"].singular_name == "configmap"
+    groups = {g.name: g for g in client.ApisApi(api).get_api_versions().groups}
+    assert set(groups) == {"batch", "jobset.x-k8s.io", "kubeflow.org"}
+    preferred = groups["jobset.x-k8s.io"].preferred_version
+    assert preferred is not None and preferred.group_version == "jobset.x-k8s.io/v1alpha2"
+    assert client.VersionApi(api).get_code().git_version == "v1.33.0-shardctl-fake"
+
+
+def test_a_cluster_without_jobset_says_so_in_discovery(tmp_path: Path) -> None:
+    with FakeApiServer(jobset=False, pytorchjob=False) as fake:
+        dyn = _dynamic(fake, tmp_path / "cache.json")
+        with pytest.raises(ResourceNotFoundError):
+            dyn.resources.get(api_version="jobset.x-k8s.io/v1alpha2", kind="JobSet")
+        with pytest.raises(ResourceNotFoundError):
+            dyn.resources.get(api_version="kubeflow.org/v1", kind="PyTorchJob")
+        assert dyn.resources.get(api_version="batch/v1", kind="Job").name == "jobs"
+
+
+def test_pod_logs(fake: FakeApiServer, api_client: Any) -> None:
+    js = _examples("jobset.yaml")[0]
+    client.CustomObjectsApi(api_client).create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", "team-a",
+                                                                        "jobsets", js)
+    pod = fake.make_pods("jobsets", "team-a", "train-abc")[0]
+    fake.set_log("team-a", pod, "step 1\nstep 2\n")
+    core = client.CoreV1Api(api_client)
+    container = fake.get("pods", "team-a", pod)["spec"]["containers"][0]["name"]  # type: ignore[index]
+    assert core.read_namespaced_pod_log(pod, "team-a", container=container) == "step 1\nstep 2\n"
+    with pytest.raises(client.ApiException) as info:
+        core.read_namespaced_pod_log(pod, "team-a", container="nope")
+    assert info.value.status == 400
+    with pytest.raises(client.ApiException) as info:
+        core.read_namespaced_pod_log("gone", "team-a")
+    assert info.value.status == 404
 
 
 def test_namespace_mismatch_is_bad_request(fake: FakeApiServer) -> None:

@@ -5,25 +5,29 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 import yaml
 from kubernetes import client
 
+from service.backend_options import KubernetesOptions, SlurmOptions
+from service.jobenv import OUT_DIR, PLAN, TOKEN
+from service.planner.result import Plan
 from tests.k8s.conftest import IMAGE, make_request
 from tests.k8s.fake_apiserver import FakeApiServer
 from tests.k8s.schemas import require_crd_schemas, validate
-from workers.backends.base import REDACTED
-from workers.backends.k8s_objects import (
-    MAX_NAME,
+from workers.backends.base import REDACTED, SubmissionRefused
+from workers.backends.kubernetes import KubernetesBackend
+from workers.backends.kubernetes.naming import MAX_NAME, OBJECT_KINDS, ObjectKind, k8s_name
+from workers.backends.kubernetes.render import (
     RenderError,
     RenderOptions,
-    k8s_name,
     render_objects,
     rendezvous_endpoint,
+    secret_values,
+    with_secrets,
 )
-from workers.backends.kubernetes import KubernetesBackend
 
 GOLDEN = Path(__file__).parent / "golden"
 GPU_OPTIONS = {"node_selector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
@@ -135,17 +139,42 @@ def test_token_lives_in_a_secret_and_render_redacts_it() -> None:
     req = make_request()
     shown = render_objects(req, OPTIONS, "jobset")
     secret = next(o for o in shown if o["kind"] == "Secret")
-    assert secret["stringData"] == {"SHARDCTL_JOB_TOKEN": REDACTED}
-    real = render_objects(req, OPTIONS, "jobset", redact=False)
+    assert secret["stringData"] == {TOKEN: REDACTED}
+    real = with_secrets(shown, secret_values(req))
     real_secret = next(o for o in real if o["kind"] == "Secret")
-    assert real_secret["stringData"]["SHARDCTL_JOB_TOKEN"] == "shc_1_not-a-real-secret"
+    assert real_secret["stringData"][TOKEN] == "shc_1_not-a-real-secret"
+    assert [o for o in real if o["kind"] != "Secret"] == [o for o in shown if o["kind"] != "Secret"]
     env = _pod_spec(_workload(real))["containers"][0]["env"]
-    token = next(e for e in env if e["name"] == "SHARDCTL_JOB_TOKEN")
-    assert token == {"name": "SHARDCTL_JOB_TOKEN",
-                     "valueFrom": {"secretKeyRef": {"name": "shardctl-7-1", "key": "SHARDCTL_JOB_TOKEN"}}}
+    token = next(e for e in env if e["name"] == TOKEN)
+    assert token == {"name": TOKEN, "valueFrom": {"secretKeyRef": {"name": "shardctl-7-1", "key": TOKEN}}}
     assert "shc_1_not-a-real-secret" not in yaml.safe_dump(_workload(real))
-    plan = next(e for e in env if e["name"] == "SHARDCTL_PLAN_JSON")
+    plan = next(e for e in env if e["name"] == PLAN)
     assert plan["valueFrom"] == {"configMapKeyRef": {"name": "shardctl-7-1", "key": "plan.json"}}
+
+
+def test_the_job_contract_reaches_every_container() -> None:
+    """The plan whole (as the API stored it) in the ConfigMap, the token and secret-looking user
+    variables in the Secret, everything else of `req.environment()` plain; the contract wins."""
+    req = make_request(env={"DB_PASSWORD": "hunter2", "MODE": "a", OUT_DIR: "/elsewhere"})
+    objs = render_objects(req, OPTIONS, "jobset")
+    config_map = objs[0]
+    assert config_map["kind"] == "ConfigMap"
+    assert config_map["data"]["plan.json"] == req.plan.model_dump_json()
+    assert Plan.model_validate_json(config_map["data"]["plan.json"]) == req.plan
+    secret = next(o for o in objs if o["kind"] == "Secret")
+    assert secret["stringData"] == {"DB_PASSWORD": REDACTED, TOKEN: REDACTED}
+    assert secret_values(req) == {"DB_PASSWORD": "hunter2", TOKEN: "shc_1_not-a-real-secret"}
+    env = {e["name"]: e for e in _pod_spec(_workload(objs))["containers"][0]["env"]}
+    assert set(req.environment()) <= set(env)
+    assert env["MODE"] == {"name": "MODE", "value": "a"}
+    assert env[OUT_DIR] == {"name": OUT_DIR, "value": "/var/run/shardctl/out"}  # the backend's, not the user's
+    assert "valueFrom" in env["DB_PASSWORD"] and "hunter2" not in yaml.safe_dump(objs)
+
+
+def test_without_a_token_or_secrets_there_is_no_secret() -> None:
+    objs = render_objects(make_request(token=None), OPTIONS, "jobset")
+    assert [o["kind"] for o in objs] == ["ConfigMap", "JobSet"]
+    assert with_secrets(objs, {}) == objs
 
 
 def test_user_dollar_parens_are_escaped() -> None:
@@ -162,10 +191,21 @@ def test_image_from_request_then_entrypoint_then_default() -> None:
         render_objects(make_request(), RenderOptions(namespace="x"), "jobset")
 
 
-def test_bad_toleration_keys_are_refused() -> None:
-    req = make_request(backend={"tolerations": [{"key": "a", "operatr": "Exists"}]})
-    with pytest.raises(RenderError, match="operatr"):
+def test_other_backends_options_are_refused() -> None:
+    req = make_request().model_copy(update={"options": SlurmOptions(kind="slurm")})
+    with pytest.raises(SubmissionRefused, match="slurm"):
         render_objects(req, OPTIONS, "jobset")
+
+
+def test_render_errors_are_refusals_and_value_errors() -> None:
+    """`submit` refuses them for good; `POST /v1/plans` turns a ValueError into a 422."""
+    assert issubclass(RenderError, SubmissionRefused) and issubclass(RenderError, ValueError)
+
+
+def test_object_kinds_are_the_specs_backend_object_values() -> None:
+    assert set(get_args(ObjectKind)) == set(OBJECT_KINDS)
+    field = KubernetesOptions.model_fields["object"].annotation
+    assert {a for arg in get_args(field) for a in get_args(arg)} == set(OBJECT_KINDS)
 
 
 def test_names_are_dns_labels_and_deterministic() -> None:
@@ -187,11 +227,12 @@ def test_render_through_backend_is_pure_and_a_list() -> None:
 
 
 @pytest.mark.parametrize("kind,plural", [("jobset", "jobsets"), ("indexed-job", "jobs"), ("pytorchjob", "pytorchjobs")])
-def test_rendezvous_endpoint_is_rank0_pod_dns_name(kind: str, plural: str) -> None:
+def test_rendezvous_endpoint_is_rank0_pod_dns_name(kind: ObjectKind, plural: str) -> None:
     """The endpoint every node dials is the stable DNS name the controllers give the rank-0 pod."""
     require_crd_schemas()
     with FakeApiServer() as fake:
-        objs = render_objects(make_request(backend={"object": kind}), OPTIONS, kind, redact=False)
+        req = make_request(backend={"object": kind})
+        objs = with_secrets(render_objects(req, OPTIONS, kind), secret_values(req))
         for obj in objs:
             fake._store({"ConfigMap": "configmaps", "Secret": "secrets", "Service": "services"}.get(
                 obj["kind"], plural), "team-a", obj)
@@ -209,3 +250,30 @@ def test_rendezvous_endpoint_is_rank0_pod_dns_name(kind: str, plural: str) -> No
                 svc = fake.get("services", "team-a", "shardctl-7-1")
                 assert svc and svc["spec"]["clusterIP"] == "None"
                 assert all(svc["spec"]["selector"].items() <= p["metadata"]["labels"].items() for p in pods if p)
+
+
+def test_dispatcher_preview_is_the_rendered_list() -> None:
+    """`POST /v1/plans` and `shardctl submit --dry-run` show this: the dispatcher's request, rendered."""
+    from service.planner.planning import plan
+    from service.spec import TrainingSpec
+    from tests.specs import tiny
+    from workers.dispatcher import launch_preview
+
+    spec = TrainingSpec.model_validate(tiny(
+        backend={"kind": "kubernetes", "object": "indexed-job", "namespace": "team-a",
+                 "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]},
+        entrypoint={"command": ["python", "train.py"], "image": "example.org/train:1", "env": {"DB_PASSWORD": "x"}}))
+    result = plan(spec)
+    api = client.ApiClient(client.Configuration(host="http://127.0.0.1:9"))  # never contacted
+    preview = launch_preview({"kubernetes": KubernetesBackend(api, namespace="team-a")}, "http://api")(spec, result)
+    assert preview is not None and preview["backend"] == "kubernetes" and preview["name"] == "shardctl-0-1"
+    items = preview["content"]["items"]
+    assert [o["kind"] for o in items] == ["ConfigMap", "Secret", "Service", "Job"]
+    assert items[0]["data"]["plan.json"] == result.model_dump_json()
+    assert items[1]["stringData"] == {"DB_PASSWORD": REDACTED, TOKEN: REDACTED}
+    pod = items[-1]["spec"]["template"]["spec"]
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    assert pod["containers"][0]["image"] == "example.org/train:1"
+    assert {"name": "SHARDCTL_URL", "value": "http://api"} in pod["containers"][0]["env"]
+    require_crd_schemas()
+    assert all(validate(obj) == [] for obj in items)

@@ -1,48 +1,48 @@
-"""Pure rendering of Kubernetes objects for one attempt: data in, plain JSON-shaped dicts out.
+"""Pure rendering of the Kubernetes objects of one attempt: data in, plain JSON-shaped dicts out.
 
-Nothing here talks to a cluster. `render_objects(req, options)` returns, in creation order:
+Nothing here talks to a cluster. `render_objects(req, options, kind)` returns, in creation order:
 
-1. a `ConfigMap` named like the attempt, holding the plan (`plan.json`), injected into every
-   container as `$SHARDCTL_PLAN_JSON` through `configMapKeyRef`;
-2. a `Secret` named like the attempt, holding every secret-looking variable of `req.env` (the job
-   token), injected through `secretKeyRef` (only when there is one);
+1. a `ConfigMap` named like the attempt, holding the plan (`plan.json`, `req.plan.model_dump_json()`),
+   injected into every container as `$SHARDCTL_PLAN_JSON` through `configMapKeyRef`;
+2. a `Secret` named like the attempt, holding the job token and every secret-looking user variable
+   (`is_secret_env`), injected through `secretKeyRef`; its values are `<redacted>` here, and
+   `with_secrets` fills them in for `submit`;
 3. for the Indexed Job fallback only, a headless `Service` for rendezvous DNS;
 4. the workload itself: a `JobSet` (default), an Indexed `Job`, or a Kubeflow `PyTorchJob`.
 
-Contracts:
-
-- Names are deterministic: every object is named `k8s_name(req.name)` (a DNS-1123 label).
-- Every object carries `app.kubernetes.io/managed-by: shardctl`, `shardctl.dev/job-id`,
-  `shardctl.dev/attempt` and `shardctl.dev/name`; the pod templates carry them too, so one
-  labelled pod list finds every pod of every job. The workload alone also carries the Kueue
-  `kueue.x-k8s.io/queue-name` label when the team has a queue.
-- Quantities are strings (`"8"`), as the `kubernetes` 37 client requires.
-- Every `$(` that comes from the user (command, env values) is escaped as `$$(`, so the kubelet never
-  expands it; only the renderer's own `$(SHARDCTL_NODE_RANK)` / `$(PET_NODE_RANK)` expand.
+Every other variable of `req.environment()` is a plain `env` value. The workload alone carries the
+Kueue `kueue.x-k8s.io/queue-name` label, when the team has a queue. Quantities are strings (`"8"`),
+as the `kubernetes` 37 client requires. Every `$(` that comes from the user (command, env values) is
+escaped as `$$(`, so the kubelet never expands it; only the renderer's own `$(SHARDCTL_NODE_RANK)` /
+`$(PET_NODE_RANK)` expand.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
-import re
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from workers.backends.base import OUT_ENV, PLAN_ENV, REDACTED, LaunchRequest, is_secret_env, torchrun_command
-
-ObjectKind = Literal["jobset", "indexed-job", "pytorchjob"]
-OBJECT_KINDS: tuple[ObjectKind, ...] = ("jobset", "indexed-job", "pytorchjob")
-
-MANAGED_BY = "app.kubernetes.io/managed-by"
-MANAGER = "shardctl"
-LABEL_JOB_ID = "shardctl.dev/job-id"
-LABEL_ATTEMPT = "shardctl.dev/attempt"
-LABEL_NAME = "shardctl.dev/name"
-KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
-COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+from service.backend_options import KubernetesOptions
+from service.jobenv import PLAN, TOKEN
+from workers.backends.base import REDACTED, LaunchRequest, SubmissionRefused, is_secret_env, torchrun_command
+from workers.backends.kubernetes.naming import (
+    ANNOTATION_TEAM,
+    COMPLETION_INDEX,
+    CONFIG_MAP,
+    KUEUE_QUEUE,
+    LABEL_NAME,
+    MANAGED_BY,
+    MANAGER,
+    SECRET,
+    SERVICE,
+    WORKLOADS,
+    ObjectKind,
+    k8s_name,
+    labels_for,
+)
 
 RDZV_PORT = 29500
 REPLICATED_JOB = "node"
@@ -58,20 +58,10 @@ DEFAULT_NCCL_ENV: dict[str, str] = {
     "PYTHONUNBUFFERED": "1",
 }
 
-API_VERSIONS: dict[ObjectKind, tuple[str, str]] = {
-    "jobset": ("jobset.x-k8s.io/v1alpha2", "JobSet"),
-    "indexed-job": ("batch/v1", "Job"),
-    "pytorchjob": ("kubeflow.org/v1", "PyTorchJob"),
-}
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
-#: JobSet pods are named `<jobset>-node-<job index>-<pod index>-<5 random>`; keep that within 63.
-MAX_NAME = 40
-
-
-class RenderError(ValueError):
-    """The request cannot be rendered as valid objects (no image, a bad toleration...)."""
+class RenderError(SubmissionRefused, ValueError):
+    """The request cannot be rendered as valid objects (no image, no node). A `SubmissionRefused`; also a
+    `ValueError`, which is what `POST /v1/plans` turns into a 422 for a preview."""
 
 
 class RenderOptions(BaseModel):
@@ -88,72 +78,59 @@ class RenderOptions(BaseModel):
     ttl_seconds_after_finished: int | None = Field(7 * 86400, ge=0)
 
 
-def k8s_name(name: str) -> str:
-    """A DNS-1123 label for `name`, at most MAX_NAME characters. A valid short name (`shardctl-<id>-<n>`)
-    passes through unchanged; anything else is lower-cased, cleaned and given a stable hash suffix."""
-    if len(name) <= MAX_NAME and _DNS_LABEL.match(name):
-        return name
-    low = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-") or "job"
-    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
-    return f"{low[: MAX_NAME - 9].rstrip('-')}-{digest}"
+def kubernetes_options(req: LaunchRequest) -> KubernetesOptions:
+    """The spec's Kubernetes options (validated at submit); any other backend's options are refused."""
+    if not isinstance(req.options, KubernetesOptions):
+        raise SubmissionRefused(f"the Kubernetes backend was given {req.options.kind} options (backend.kind "
+                                f"{req.options.kind!r}); the spec must say backend.kind: kubernetes")
+    return req.options
+
+
+def namespace_for(req: LaunchRequest, options: RenderOptions) -> str:
+    return kubernetes_options(req).namespace or options.namespace
+
+
+def image_for(req: LaunchRequest, options: RenderOptions) -> str:
+    image = req.image or options.default_image
+    if not image:
+        raise RenderError("no container image: set entrypoint.image in the spec or the backend's default_image")
+    return image
 
 
 def _escape(value: str) -> str:
     return value.replace("$(", "$$(")
 
 
-def labels_for(req: LaunchRequest) -> dict[str, str]:
-    """The identity labels every object and pod of this attempt carries."""
-    return {MANAGED_BY: MANAGER, LABEL_JOB_ID: str(req.job_id), LABEL_ATTEMPT: str(req.attempt),
-            LABEL_NAME: k8s_name(req.name)}
+def _is_secret(key: str) -> bool:
+    return key == TOKEN or is_secret_env(key)
 
 
-def namespace_for(req: LaunchRequest, options: RenderOptions) -> str:
-    ns = req.backend_options.get("namespace")
-    return str(ns) if ns else options.namespace
+def _environment(req: LaunchRequest) -> dict[str, str]:
+    return req.environment(out_dir=OUT_DIR)
 
 
-def image_for(req: LaunchRequest, options: RenderOptions) -> str:
-    entry = req.spec.get("entrypoint") or {}
-    image = req.image or entry.get("image") or options.default_image
-    if not image:
-        raise RenderError("no container image: set entrypoint.image in the spec or the backend's default_image")
-    return str(image)
-
-
-def _tolerations(req: LaunchRequest) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for i, raw in enumerate(req.backend_options.get("tolerations") or []):
-        unknown = set(raw) - _TOLERATION_KEYS
-        if unknown:
-            raise RenderError(f"backend.tolerations[{i}]: unknown keys {sorted(unknown)}; allowed:"
-                              f" {sorted(_TOLERATION_KEYS)}")
-        tol: dict[str, Any] = {k: raw[k] for k in ("key", "operator", "value", "effect") if k in raw}
-        if "tolerationSeconds" in raw:
-            try:
-                tol["tolerationSeconds"] = int(raw["tolerationSeconds"])
-            except ValueError as exc:
-                raise RenderError(f"backend.tolerations[{i}].tolerationSeconds must be an integer") from exc
-        out.append(tol)
-    return out
+def secret_values(req: LaunchRequest) -> dict[str, str]:
+    """The variables that go into the attempt's Secret, with their real values (only `submit` uses them)."""
+    return {k: v for k, v in sorted(_environment(req).items()) if _is_secret(k)}
 
 
 def _env(req: LaunchRequest, options: RenderOptions, name: str, kind: ObjectKind) -> list[dict[str, Any]]:
+    variables = _environment(req)
     env: list[dict[str, Any]] = []
     if kind != "pytorchjob":
         env.append({"name": NODE_RANK_ENV,
                     "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}})
-    plain = {**options.nccl_env, **{k: v for k, v in req.env.items() if k != PLAN_ENV and not is_secret_env(k)}}
-    plain.setdefault(OUT_ENV, OUT_DIR)
-    env.append({"name": PLAN_ENV, "valueFrom": {"configMapKeyRef": {"name": name, "key": PLAN_KEY}}})
-    for key in sorted(k for k in req.env if is_secret_env(k)):
+    env.append({"name": PLAN, "valueFrom": {"configMapKeyRef": {"name": name, "key": PLAN_KEY}}})
+    for key in sorted(k for k in variables if _is_secret(k)):
         env.append({"name": key, "valueFrom": {"secretKeyRef": {"name": name, "key": key}}})
+    plain = {**options.nccl_env, **{k: v for k, v in variables.items() if k != PLAN and not _is_secret(k)}}
     env.extend({"name": key, "value": _escape(plain[key])} for key in sorted(plain))
     return env
 
 
 def _pod_template(req: LaunchRequest, options: RenderOptions, name: str, kind: ObjectKind,
                   rdzv_endpoint: str) -> dict[str, Any]:
+    k8s = kubernetes_options(req)
     node_rank = "$(PET_NODE_RANK)" if kind == "pytorchjob" else f"$({NODE_RANK_ENV})"
     escaped = req.model_copy(update={"command": [_escape(part) for part in req.command]})
     command = torchrun_command(escaped, rdzv_endpoint=rdzv_endpoint, node_rank=node_rank)
@@ -180,12 +157,10 @@ def _pod_template(req: LaunchRequest, options: RenderOptions, name: str, kind: O
         "containers": [container],
         "volumes": [{"name": "dshm", "emptyDir": shm}, {"name": "out", "emptyDir": {}}],
     }
-    node_selector = req.backend_options.get("node_selector") or {}
-    if node_selector:
-        spec["nodeSelector"] = {str(k): str(v) for k, v in node_selector.items()}
-    tolerations = _tolerations(req)
-    if tolerations:
-        spec["tolerations"] = tolerations
+    if k8s.node_selector:
+        spec["nodeSelector"] = dict(k8s.node_selector)
+    if k8s.tolerations:
+        spec["tolerations"] = [t.as_k8s() for t in k8s.tolerations]
     if kind == "indexed-job":
         spec["subdomain"] = name  # hostname <job>-<index>, FQDN <job>-<index>.<service>
     return {"metadata": {"labels": labels_for(req)}, "spec": spec}
@@ -196,7 +171,7 @@ def _metadata(req: LaunchRequest, options: RenderOptions, name: str, *, queue: b
     if queue and req.team in options.queue_for_team:
         labels[KUEUE_QUEUE] = options.queue_for_team[req.team]
     return {"name": name, "namespace": namespace_for(req, options), "labels": labels,
-            "annotations": {"shardctl.dev/team": req.team}}
+            "annotations": {ANNOTATION_TEAM: req.team}}
 
 
 def rendezvous_endpoint(kind: ObjectKind, name: str) -> str:
@@ -225,10 +200,10 @@ def _job_spec(req: LaunchRequest, template: dict[str, Any]) -> dict[str, Any]:
 def render_workload(req: LaunchRequest, options: RenderOptions, kind: ObjectKind) -> dict[str, Any]:
     """The top-level object (JobSet, Job or PyTorchJob) for `req`."""
     name = k8s_name(req.name)
-    api_version, api_kind = API_VERSIONS[kind]
+    api = WORKLOADS[kind]
     template = _pod_template(req, options, name, kind, rendezvous_endpoint(kind, name))
     ttl = options.ttl_seconds_after_finished
-    obj: dict[str, Any] = {"apiVersion": api_version, "kind": api_kind,
+    obj: dict[str, Any] = {"apiVersion": api.api_version, "kind": api.kind,
                            "metadata": _metadata(req, options, name, queue=True)}
     if kind == "jobset":
         spec: dict[str, Any] = {
@@ -257,29 +232,39 @@ def render_workload(req: LaunchRequest, options: RenderOptions, kind: ObjectKind
     return obj
 
 
-def render_objects(req: LaunchRequest, options: RenderOptions, kind: ObjectKind, *,
-                   redact: bool = True) -> list[dict[str, Any]]:
-    """Every object of the attempt, in creation order (see the module docstring).
-
-    `redact=True` (what `render()` shows) replaces secret values with `<redacted>`; `submit` uses
-    `redact=False`. Raises `RenderError` for a request that cannot become valid objects."""
-    name = k8s_name(req.name)
-    if kind not in API_VERSIONS:
-        raise RenderError(f"backend.object must be one of {list(OBJECT_KINDS)}, not {kind!r}")
+def render_objects(req: LaunchRequest, options: RenderOptions, kind: ObjectKind) -> list[dict[str, Any]]:
+    """Every object of the attempt, in creation order (see the module docstring), secret values
+    `<redacted>`: what a dry run shows, and (through `with_secrets`) exactly what `submit` creates.
+    Raises `RenderError` for a request that cannot become valid objects."""
     if req.nodes < 1 or req.procs_per_node < 1:
         raise RenderError("a job needs at least one node and one process per node")
-    objects: list[dict[str, Any]] = []
-    plan = req.env.get(PLAN_ENV) or json.dumps(req.plan, sort_keys=True)
-    objects.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": _metadata(req, options, name),
-                    "data": {PLAN_KEY: plan}})
-    secrets = {k: (REDACTED if redact else v) for k, v in sorted(req.env.items()) if is_secret_env(k)}
+    name = k8s_name(req.name)
+    variables = _environment(req)
+    objects: list[dict[str, Any]] = [
+        {"apiVersion": CONFIG_MAP.api_version, "kind": CONFIG_MAP.kind, "metadata": _metadata(req, options, name),
+         "data": {PLAN_KEY: variables[PLAN]}}]
+    secrets = {k: REDACTED for k in sorted(variables) if _is_secret(k)}
     if secrets:
-        objects.append({"apiVersion": "v1", "kind": "Secret", "metadata": _metadata(req, options, name),
-                        "type": "Opaque", "stringData": secrets})
+        objects.append({"apiVersion": SECRET.api_version, "kind": SECRET.kind,
+                        "metadata": _metadata(req, options, name), "type": "Opaque", "stringData": secrets})
     if kind == "indexed-job":
-        objects.append({"apiVersion": "v1", "kind": "Service", "metadata": _metadata(req, options, name),
+        objects.append({"apiVersion": SERVICE.api_version, "kind": SERVICE.kind,
+                        "metadata": _metadata(req, options, name),
                         "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
                                  "selector": {LABEL_NAME: name, MANAGED_BY: MANAGER},
                                  "ports": [{"name": "c10d", "port": RDZV_PORT, "targetPort": RDZV_PORT}]}})
     objects.append(render_workload(req, options, kind))
     return objects
+
+
+def with_secrets(objects: Sequence[Mapping[str, Any]], secrets: Mapping[str, str]) -> list[dict[str, Any]]:
+    """`objects` (as rendered) with the Secret's redacted values replaced by `secrets`; every other
+    object unchanged. Raises `ValueError` if the rendered Secret and `secrets` name different keys."""
+    out = [copy.deepcopy(dict(obj)) for obj in objects]
+    for obj in out:
+        if (obj.get("apiVersion"), obj.get("kind")) == (SECRET.api_version, SECRET.kind):
+            shown = obj.get("stringData") or {}
+            if set(shown) != set(secrets):
+                raise ValueError(f"the rendered Secret holds {sorted(shown)}, not {sorted(secrets)}")
+            obj["stringData"] = {key: secrets[key] for key in shown}
+    return out

@@ -1,0 +1,152 @@
+"""Status mapping (pure): a workload object and its pods, as the API server returned them, to an
+`Observation` (state, failure class, exit code, nodes, log tail). `observe` is the heart of `poll`.
+
+Infrastructure causes win over program exits: when a node dies, the other ranks fail afterwards in
+NCCL with exit 1, and the node is the real cause. See the state table in `docs/kubernetes.md`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from workers.backends.base import FailureClass, Observation, RunState
+from workers.backends.kubernetes.naming import ObjectKind
+
+RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
+#: Pod disruption reasons (condition DisruptionTarget) that mean "preempted" rather than "node".
+PREEMPTION_REASONS = {"PreemptionByScheduler", "PreemptionByKueue"}
+NODE_POD_REASONS = {"Evicted", "NodeLost", "NodeShutdown", "Terminated", "UnexpectedAdmissionError"}
+#: The condition that says a workload of each kind finished well.
+SUCCEEDED_CONDITION: dict[ObjectKind, str] = {"jobset": "Completed", "indexed-job": "Complete",
+                                              "pytorchjob": "Succeeded"}
+_EXIT_CODE = re.compile(r"exit code (\d+)")
+
+
+def _ts(value: Any) -> float | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _true_conditions(obj: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    conds = (obj.get("status") or {}).get("conditions") or []
+    return {c["type"]: c for c in conds if isinstance(c, dict) and c.get("status") == "True" and "type" in c}
+
+
+@dataclass(frozen=True)
+class PodFailure:
+    failure: FailureClass
+    exit_code: int | None
+    reason: str
+    log_tail: str | None
+    at: float
+
+
+def pod_failure(pod: Mapping[str, Any]) -> PodFailure | None:
+    """Why this pod failed, if it did: infrastructure (node, preempted) or the program (exit code)."""
+    name = pod.get("metadata", {}).get("name", "?")
+    status = pod.get("status") or {}
+    message = str(status.get("message") or "")
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+            why = str(cond.get("reason") or "")
+            failure: FailureClass = "preempted" if why in PREEMPTION_REASONS else "node"
+            text = f"pod {name}: {why}" + (f": {cond.get('message')}" if cond.get("message") else "")
+            return PodFailure(failure, None, text, None, _ts(cond.get("lastTransitionTime")) or 0.0)
+    if status.get("reason") in NODE_POD_REASONS:
+        return PodFailure("node", None, f"pod {name}: {status['reason']}" + (f": {message}" if message else ""),
+                          None, 0.0)
+    for cs in status.get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated")
+        if term and int(term.get("exitCode") or 0) != 0:
+            code = int(term["exitCode"])
+            why = str(term.get("reason") or "Error")
+            return PodFailure("program", code, f"pod {name}: container {cs.get('name')} {why} (exit code {code})",
+                              term.get("message") or None, _ts(term.get("finishedAt")) or 0.0)
+    return None
+
+
+def _pending_since(pod: Mapping[str, Any]) -> tuple[float, str] | None:
+    """When the scheduler first said this pod does not fit anywhere, and what it said."""
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if (cond.get("type"), cond.get("status"), cond.get("reason")) == ("PodScheduled", "False", "Unschedulable"):
+            since = _ts(cond.get("lastTransitionTime"))
+            if since is not None:
+                return since, str(cond.get("message") or "Unschedulable")
+    return None
+
+
+def observe(kind: ObjectKind, obj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *, now: float,
+            unschedulable_after_s: float) -> Observation:
+    """Map a workload object and its pods to an Observation (pure; the heart of `poll`)."""
+    status = obj.get("status") or {}
+    conds = _true_conditions(obj)
+    if kind == "jobset":
+        restarts = str(status.get("restarts") or 0)
+        pods = [p for p in pods if (p.get("metadata", {}).get("labels") or {}).get(RESTART_ATTEMPT, restarts)
+                == restarts]
+    nodes = sorted({str(p["spec"]["nodeName"]) for p in pods if (p.get("spec") or {}).get("nodeName")})
+    if SUCCEEDED_CONDITION[kind] in conds:
+        return Observation(state=RunState.SUCCEEDED, nodes=nodes, exit_code=0)
+    failed = conds.get("Failed") or (conds.get("FailureTarget") if kind == "indexed-job" else None)
+    if failed is not None:
+        return _failed(failed, pods, nodes)
+    if (obj.get("metadata") or {}).get("deletionTimestamp"):
+        return Observation(state=RunState.CANCELLED, nodes=nodes, failure="cancelled", reason="deleted")
+    suspended = conds.get("Suspended")
+    if suspended is not None or (obj.get("spec") or {}).get("suspend") is True:
+        text = " ".join(str((suspended or {}).get(k) or "") for k in ("reason", "message")).strip()
+        preempted = bool(re.search(r"preempt|evict", text, re.IGNORECASE))
+        return Observation(state=RunState.PENDING, nodes=nodes, failure="preempted" if preempted else None,
+                           reason=f"suspended (queued){': ' + text if text else ''}")
+    running = any((p.get("status") or {}).get("phase") == "Running" for p in pods)
+    if kind == "pytorchjob" and "Running" in conds:
+        running = True
+    if kind == "indexed-job" and int(status.get("ready") or 0) > 0:
+        running = True
+    if kind == "jobset" and any(int(r.get("ready") or 0) > 0 for r in status.get("replicatedJobsStatus") or []):
+        running = True
+    if running:
+        reason = None
+        if kind == "jobset" and int(status.get("restarts") or 0) > 0:
+            reason = f"gang restarted {status['restarts']} time(s)"
+        if kind == "pytorchjob" and "Restarting" in conds:
+            reason = "restarting"
+        return Observation(state=RunState.RUNNING, nodes=nodes, reason=reason)
+    for pod in pods:
+        waiting = _pending_since(pod)
+        if waiting is not None and now - waiting[0] >= unschedulable_after_s:
+            return Observation(state=RunState.PENDING, nodes=nodes, failure="capacity",
+                               reason=f"unschedulable for {now - waiting[0]:.0f} s: {waiting[1]}")
+    return Observation(state=RunState.PENDING, nodes=nodes)
+
+
+def _failed(cond: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], nodes: list[str]) -> Observation:
+    failures = [f for f in (pod_failure(p) for p in pods) if f is not None]
+    infra = [f for f in failures if f.failure != "program"]
+    if infra:
+        # A lost node or a preempted pod makes the other ranks fail too: the infrastructure is the cause.
+        first = min(infra, key=lambda f: (f.failure != "preempted", f.at))
+        return Observation(state=RunState.FAILED, nodes=nodes, failure=first.failure, reason=first.reason)
+    if failures:
+        first = min(failures, key=lambda f: f.at)
+        return Observation(state=RunState.FAILED, nodes=nodes, failure="program", exit_code=first.exit_code,
+                           reason=first.reason, log_tail=first.log_tail)
+    why = str(cond.get("reason") or "Failed")
+    message = str(cond.get("message") or "")
+    text = f"{why}: {message}" if message else why
+    if why == "DeadlineExceeded":
+        return Observation(state=RunState.FAILED, nodes=nodes, failure="timeout", reason=text)
+    match = _EXIT_CODE.search(message)
+    if match:
+        return Observation(state=RunState.FAILED, nodes=nodes, failure="program", exit_code=int(match.group(1)),
+                           reason=text)
+    # Failed, and the pods that would say why are gone: the cause is unknown, so a retry is fair.
+    return Observation(state=RunState.FAILED, nodes=nodes, failure="lost", reason=text)
