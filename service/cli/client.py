@@ -4,17 +4,40 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 import platformdirs
 
+from service.planner import FieldProblem
+
 DEFAULT_URL = "http://127.0.0.1:8686"
+EXIT_ERROR, EXIT_DOES_NOT_FIT = 1, 2  # as service.cli.render's (render imports rich; this module does not)
+SPEC_ERROR_CODES = frozenset({"validation_error", "invalid_spec"})
 
 
 class CliError(Exception):
-    """A failure to show the user as one line (and exit 1)."""
+    """A failure to show the user: a message, the API's problems with the request (one `field: message`
+    line each), further notes, and the exit code (1 unless the API said no layout fits: 2)."""
+
+    def __init__(self, message: str, *, exit_code: int = EXIT_ERROR, code: str | None = None,
+                 problems: Sequence[FieldProblem] = (), notes: Sequence[str] = ()) -> None:
+        self.message, self.exit_code, self.code = message, exit_code, code
+        self.problems, self.notes = list(problems), list(notes)
+        super().__init__(message)
+
+    @property
+    def is_invalid_spec(self) -> bool:
+        """The API refused the spec itself (its fields name what is wrong)."""
+        return self.code in SPEC_ERROR_CODES and bool(self.problems)
+
+    def __str__(self) -> str:
+        lines = [self.message]
+        lines += [f"  {p.path or '(spec)'}: {p.message}" for p in self.problems]
+        lines += [f"  {note}" for note in self.notes]
+        return "\n".join(lines)
 
 
 def config_path() -> Path:
@@ -69,21 +92,58 @@ class Api:
             raise CliError(f"cannot reach the shardctl API at {self.url} ({exc}); start it with"
                            " `shardctl serve` or set SHARDCTL_URL") from exc
         if response.status_code >= 400:
-            raise CliError(describe_error(response))
+            raise error_from_response(response)
         return response.json() if response.content else None
 
     def stream_lines(self, path: str, **kw: Any) -> Any:
         return self.http.stream("GET", path, timeout=None, **kw)
 
 
-def describe_error(response: httpx.Response) -> str:
+def _problems(items: Any) -> list[FieldProblem]:
+    """`[{"loc": "a.b" or [...], "message": ...}]` (also `path`/`msg`) as `FieldProblem`s; others skipped."""
+    problems = []
+    for item in items if isinstance(items, list) else []:
+        if not isinstance(item, dict):
+            continue
+        loc = item.get("loc", item.get("path", ""))
+        parts = tuple(str(p) for p in loc) if isinstance(loc, list | tuple) else tuple(
+            part for part in str(loc or "").split(".") if part)
+        message = str(item.get("message", item.get("msg", ""))).removeprefix("Value error, ")
+        problems.append(FieldProblem(loc=parts, message=message))
+    return problems
+
+
+def error_from_response(response: httpx.Response) -> CliError:
+    """The API's error body (`{"error": {"code", "message", "fields", "details"}}`) as a `CliError`:
+    the message, then each field problem (and each problem `details` carries) on its own line."""
+    status = response.status_code
     try:
         error = response.json()["error"]
-    except (ValueError, KeyError, TypeError):
-        return f"HTTP {response.status_code}: {response.text[:300]}"
-    lines = [f"{error.get('message')} ({error.get('code')}, HTTP {response.status_code})"]
-    lines += [f"  {f['loc']}: {f['message']}" for f in error.get("fields", [])]
-    if response.status_code == 401:
-        lines.append("  get a token with `shardctl token create --admin` (local) or ask an admin;"
+        code, message = str(error.get("code")), str(error.get("message"))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return CliError(f"HTTP {status}: {response.text[:300]}")
+    details = error.get("details") if isinstance(error.get("details"), dict) else {}
+    problems = _problems(error.get("fields")) + _problems(details.get("problems")) + _problems(details.get("fields"))
+    notes: list[str] = []
+    exit_code = EXIT_ERROR
+    if code == "does_not_fit":
+        exit_code = EXIT_DOES_NOT_FIT
+        reasons = [str(r) for r in details.get("reasons") or []]
+        if reasons:
+            message, notes = "no layout fits", reasons
+        if details.get("min_gpus_to_fit") is not None:
+            notes.append(f"smallest GPU count that fits: {details['min_gpus_to_fit']}")
+    elif problems and message.startswith("invalid request:"):
+        message = "invalid request"  # the rest of it summarises the problems listed below
+    elif problems and code == "invalid_spec":
+        message = "invalid spec"
+    if status == 401:
+        notes.append("get a token with `shardctl token create --admin` (local) or ask an admin;"
                      " the CLI reads SHARDCTL_TOKEN or its config file")
-    return "\n".join(lines)
+    return CliError(f"{message} ({code}, HTTP {status})", exit_code=exit_code, code=code, problems=problems,
+                    notes=notes)
+
+
+def describe_error(response: httpx.Response) -> str:
+    """The API's error as readable lines (see `error_from_response`)."""
+    return str(error_from_response(response))

@@ -5,16 +5,31 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
+from urllib.parse import quote
 
 import httpx
+import pydantic
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from service.cli.client import Api, CliError, api_url, write_config
-from service.cli.render import human_seconds
+from service.cli import wiring
+from service.cli.client import Api, CliError, api_url, error_from_response, write_config
+from service.cli.render import (
+    EXIT_DOES_NOT_FIT,
+    EXIT_ERROR,
+    EXIT_UNREADABLE,
+    human_seconds,
+    print_error,
+    print_problems,
+    pydantic_problems,
+    spec_error_message,
+    unreadable_message,
+)
+from service.planner import InvalidSpec
 from service.settings import Settings
 from service.spec import load_spec
 
@@ -28,31 +43,37 @@ db_app = typer.Typer(help="The database schema.", no_args_is_help=True)
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 
+T = TypeVar("T")
+
+
 def fail(exc: Exception) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {exc}")
-    return typer.Exit(1)
+    """Print `error: ...` and return the exit to raise: the error's own code (`CliError.exit_code`) or 1."""
+    print_error(err, str(exc))
+    return typer.Exit(exc.exit_code if isinstance(exc, CliError) else EXIT_ERROR)
+
+
+def read_spec(path: Path, load: Callable[[Path], T]) -> T:
+    """`load(path)`, or the reason it failed on stderr and the exit: 3 for a file that cannot be read,
+    1 for an invalid spec (one `field.path: message` line per problem, as `shardctl plan` prints them)."""
+    try:
+        return load(path)
+    except pydantic.ValidationError as exc:
+        prefix = ("layout",) if exc.title == "LayoutPins" else ()
+        print_problems(err, str(path), pydantic_problems(exc, prefix))
+        raise typer.Exit(EXIT_ERROR) from None
+    except InvalidSpec as exc:
+        print_problems(err, str(path), exc.problems)
+        raise typer.Exit(EXIT_ERROR) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        print_error(err, unreadable_message(path, exc), source=str(path))
+        raise typer.Exit(EXIT_UNREADABLE) from None
+    except ValueError as exc:
+        print_error(err, spec_error_message(path, exc), source=str(path))
+        raise typer.Exit(EXIT_ERROR) from None
 
 
 def out_json(data: Any) -> None:
     console.out(json.dumps(data, indent=2, default=str))
-
-
-def _sessions(settings: Settings) -> Any:
-    """A sessionmaker on the database `settings` names, migrated first (one engine per process)."""
-    from service.store import migrate
-    from service.store.db import make_engine, make_sessionmaker
-
-    migrate.upgrade(settings.resolved_database_url)
-    return make_sessionmaker(make_engine(settings.resolved_database_url))
-
-
-def _bootstrap_admin(sessions: Any, name: str) -> str:
-    """Create an admin token directly in the database (first start); returns its secret."""
-    from service.store.tokens import create_token
-
-    with sessions.begin() as session:
-        _, secret = create_token(session, role="admin", name=name)
-    return secret
 
 
 def serve(host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
@@ -63,44 +84,29 @@ def serve(host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0
     """Migrate the database and run the API. On an empty database, print a first admin token once."""
     import uvicorn
 
-    from service.api.app import create_app
-    from service.store.tokens import has_admin
-    from workers.backends.registry import make_backends
-    from workers.dispatcher import launch_preview
-
     settings = Settings()
-    sessions = _sessions(settings)
-    engine = sessions.kw["bind"]
-    with sessions.begin() as session:
-        empty = not has_admin(session)
+    sessions = wiring.open_store(settings)
     url = f"http://{host}:{port}"
-    if empty:
-        secret = _bootstrap_admin(sessions, "first admin (serve)")
+    if wiring.needs_first_admin(sessions):
+        secret = wiring.bootstrap_admin(sessions, "first admin (serve)")
         path = write_config(url=url, token=secret)
-        err.print(f"[bold]First start: admin token (shown once, saved to {path}):[/]\n{secret}")
-    err.print(f"shardctl API on {url} (database: {settings.resolved_database_url.split('@')[-1]})")
-    backends = make_backends(settings)
+        err.print(f"[bold]First start: admin token (shown once, saved to {path}):[/]\n{secret}",
+                  soft_wrap=True, highlight=False)
+    err.print(f"shardctl API on {url} (database: {settings.resolved_database_url.split('@')[-1]})",
+              soft_wrap=True, highlight=False)
+    backends = wiring.make_backends(settings)
     stop = threading.Event()
     if with_dispatcher:
-        thread = threading.Thread(target=_dispatcher(settings, sessions, backends, public_url=url).run_forever,
-                                  args=(stop, settings.dispatcher_interval_s), daemon=True, name="dispatcher")
+        dispatcher = wiring.make_dispatcher(settings, sessions, backends, public_url=url)
+        thread = threading.Thread(target=dispatcher.run_forever, args=(stop, settings.dispatcher_interval_s),
+                                  daemon=True, name="dispatcher")
         thread.start()
-        err.print("dispatcher running in this process")
-    preview = launch_preview(backends, url)
+        err.print(f"dispatcher running in this process (backends: {', '.join(sorted(backends))})")
     try:
-        uvicorn.run(create_app(settings, engine=engine, launch_preview=preview), host=host, port=port,
+        uvicorn.run(wiring.make_app(settings, sessions, backends, public_url=url), host=host, port=port,
                     log_level="warning")
     finally:
         stop.set()
-
-
-def _dispatcher(settings: Settings, sessions: Any, backends: Any, public_url: str | None = None) -> Any:
-    from workers.dispatcher import Dispatcher, DispatcherConfig
-
-    config = DispatcherConfig(lease_s=settings.dispatcher_lease_s, batch=settings.dispatcher_batch,
-                              max_attempts=settings.max_attempts, retry_backoff_s=settings.retry_backoff_s,
-                              api_url=public_url or settings.public_url)
-    return Dispatcher(sessions, backends, config)
 
 
 def worker(once: Annotated[bool, typer.Option("--once", help="Run one cycle and exit.")] = False) -> None:
@@ -108,11 +114,9 @@ def worker(once: Annotated[bool, typer.Option("--once", help="Run one cycle and 
     replicas against PostgreSQL."""
     import signal as signals
 
-    from workers.backends.registry import make_backends
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = Settings()
-    dispatcher = _dispatcher(settings, _sessions(settings), make_backends(settings))
+    dispatcher = wiring.make_dispatcher(settings, wiring.open_store(settings), wiring.make_backends(settings))
     if once:
         report = dispatcher.run_once()
         console.out(json.dumps({"submitted": report.submitted, "adopted": report.adopted,
@@ -120,7 +124,8 @@ def worker(once: Annotated[bool, typer.Option("--once", help="Run one cycle and 
         return
     stop = threading.Event()
     signals.signal(signals.SIGTERM, lambda *_: stop.set())
-    err.print(f"dispatcher {dispatcher.config.owner} on {settings.resolved_database_url.split('@')[-1]}")
+    err.print(f"dispatcher {dispatcher.config.owner} on {settings.resolved_database_url.split('@')[-1]}",
+              soft_wrap=True, highlight=False)
     try:
         dispatcher.run_forever(stop, settings.dispatcher_interval_s)
     except KeyboardInterrupt:
@@ -140,7 +145,7 @@ def token_create(
     start) and saves the token in the CLI config; otherwise an admin token calls the API."""
     try:
         if admin:
-            secret = _bootstrap_admin(_sessions(Settings()), name or "admin (cli)")
+            secret = wiring.bootstrap_admin(wiring.open_store(Settings()), name or "admin (cli)")
             write_config(url=api_url(), token=secret)
             data: dict[str, Any] = {"token": secret}
         else:
@@ -162,7 +167,10 @@ def token_list(as_json: JsonOpt = False) -> None:
         raise fail(exc) from None
     if as_json:
         return out_json(rows)
-    table = Table("id", "role", "team", "name", "created", "expires", "revoked")
+    table = Table()
+    table.add_column("id", no_wrap=True, min_width=16)  # whole, to copy; `token revoke` takes a prefix too
+    for column in ("role", "team", "name", "created", "expires", "revoked"):
+        table.add_column(column)
     for r in rows:
         table.add_row(r["id"], r["role"], r["team"] or "", r["name"] or "", r["created_at"][:19],
                       (r["expires_at"] or "")[:19], (r["revoked_at"] or "")[:19])
@@ -170,12 +178,14 @@ def token_list(as_json: JsonOpt = False) -> None:
 
 
 @token_app.command("revoke")
-def token_revoke(token_id: str) -> None:
+def token_revoke(token_id: Annotated[str, typer.Argument(
+        help="The token's id, or a unique prefix of it (4 characters at least), as `token list` shows.")]) -> None:
+    """Revoke a token (idempotent)."""
     try:
-        Api().request("POST", f"/v1/tokens/{token_id}/revoke")
+        row = Api().request("POST", f"/v1/tokens/{quote(token_id, safe='')}/revoke")
     except CliError as exc:
         raise fail(exc) from None
-    console.out(f"revoked {token_id}")
+    console.out(f"revoked {row['id']}" + (f" ({row['name']})" if row.get("name") else ""))
 
 
 @team_app.command("create")
@@ -209,40 +219,55 @@ def db_upgrade() -> None:
     console.out(f"database at revision {migrate.current_revision(url)}")
 
 
-def submit(spec_path: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Spec file.")],
+def submit(spec_path: Annotated[Path, typer.Argument(help="Spec file (YAML or JSON).", show_default=False)],
            idempotency_key: Annotated[str | None, typer.Option(help="Retry-safe submission key.")] = None,
            dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan and show the backend request; queue"
                                                  " nothing.")] = False,
            as_json: JsonOpt = False) -> None:
-    """Plan and queue a job through the API."""
-    try:
-        spec = load_spec(spec_path)
-    except Exception as exc:
-        raise fail(exc) from None
-    if dry_run:
-        try:
-            preview = Api().request("POST", "/v1/plans", json=spec.model_dump(mode="json", exclude_unset=True))
-        except CliError as exc:
-            raise fail(exc) from None
-        if as_json:
-            return out_json(preview)
-        from service.cli.render import plan_panel
-        from service.planner import Plan
+    """Plan and queue a job through the API.
 
-        launch = preview.pop("launch", None)
-        console.print(plan_panel(Plan.model_validate(preview), console.width))
-        console.out(json.dumps(launch, indent=2) if launch else "(no dispatcher for this backend on the server)")
+    Exit codes:
+      0  queued (with --dry-run: planned, and it fits)
+      1  an invalid spec (a `field.path: message` line per problem), or an error
+      2  no layout fits
+      3  the spec file does not exist or cannot be read
+    Problems the API finds in the spec print as `shardctl plan` prints them.
+    """
+    spec = read_spec(spec_path, load_spec)
+    body = spec.model_dump(mode="json", exclude_unset=True)
+    if dry_run:
+        preview = _api_call(spec_path, "POST", "/v1/plans", json=body)
+        fits = bool(preview.get("fits"))
+        if as_json:
+            out_json(preview)
+        else:
+            from service.cli.render import plan_panel
+            from service.planner import Plan
+
+            launch = preview.pop("launch", None)
+            console.print(plan_panel(Plan.model_validate(preview), console.width))
+            console.out(json.dumps(launch, indent=2) if launch else "(no dispatcher for this backend on the server)")
+        if not fits:
+            raise typer.Exit(EXIT_DOES_NOT_FIT)
         return
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-    try:
-        job = Api().request("POST", "/v1/jobs", json=spec.model_dump(mode="json", exclude_unset=True),
-                            headers=headers)
-    except CliError as exc:
-        raise fail(exc) from None
+    job = _api_call(spec_path, "POST", "/v1/jobs", json=body, headers=headers)
     if as_json:
         return out_json(job)
     console.out(f"job {job['id']} {job['status']}: {job['name']} ({job['team']}) {job['layout']},"
                 f" predicted {human_seconds(job['predicted_step_s'] or 0)}/step")
+
+
+def _api_call(spec_path: Path, method: str, path: str, **kw: Any) -> Any:
+    """`Api().request(...)` for a spec: a spec the API refuses prints as `shardctl plan` prints one
+    (`spec.yaml: invalid spec`, then `  field.path: message` lines); other errors as `fail` does."""
+    try:
+        return Api().request(method, path, **kw)
+    except CliError as exc:
+        if exc.is_invalid_spec:
+            print_problems(err, str(spec_path), exc.problems)
+            raise typer.Exit(EXIT_ERROR) from None
+        raise fail(exc) from None
 
 
 def jobs(status: Annotated[list[str] | None, typer.Option("--status", help="Repeat for several.")] = None,
@@ -269,7 +294,9 @@ def jobs(status: Annotated[list[str] | None, typer.Option("--status", help="Repe
     console.print(table)
 
 
-def show(job_id: int, as_json: JsonOpt = False) -> None:
+def show(job_id: int, as_json: JsonOpt = False,
+         brief: Annotated[bool, typer.Option("--brief", help="The plan in one line instead of its panel.")]
+         = False) -> None:
     """A job: spec, plan, status, attempts, measurements."""
     try:
         job = Api().request("GET", f"/v1/jobs/{job_id}")
@@ -277,7 +304,7 @@ def show(job_id: int, as_json: JsonOpt = False) -> None:
         raise fail(exc) from None
     if as_json:
         return out_json(job)
-    from service.cli.render import plan_panel
+    from service.cli.render import plan_line, plan_panel
     from service.planner import Plan
 
     console.out(f"job {job['id']} {job['name']} ({job['team']}): {job['status']} on {job['backend']}")
@@ -285,7 +312,11 @@ def show(job_id: int, as_json: JsonOpt = False) -> None:
         nodes = ", ".join(a["nodes"])
         console.out(f"  attempt {a['number']} {a['backend_name']} {a['status']}"
                     f"{' on ' + nodes if nodes else ''} {a['exit_reason'] or ''}".rstrip())
-    console.print(plan_panel(Plan.model_validate(job["plan"]), console.width))
+    plan = Plan.model_validate(job["plan"])
+    if brief:
+        console.out(f"  plan {plan_line(plan)}", highlight=False)
+    else:
+        console.print(plan_panel(plan, console.width))
     measurements = job["measurements"]
     if "report" in measurements:
         console.print(measured_table(measurements["report"]["data"]))
@@ -298,6 +329,9 @@ def show(job_id: int, as_json: JsonOpt = False) -> None:
             console.out(f"  {rec.get('id')}: {rec.get('text')}")
     elif "heartbeat" in measurements:
         console.out(f"last heartbeat: {json.dumps(measurements['heartbeat']['data'])}")
+    if not measurements:
+        console.out("no measurements reported" + (" yet" if job["status"] in ("QUEUED", "SUBMITTING", "PENDING",
+                                                                              "RUNNING") else ""))
 
 
 def measured_table(report: dict[str, Any]) -> Table:
@@ -333,9 +367,7 @@ def events(job_id: int, follow: Annotated[bool, typer.Option("--follow", "-f", h
         with api.stream_lines(f"/v1/jobs/{job_id}/events", params={"stream": "true"}) as response:
             if response.status_code >= 400:
                 response.read()
-                from service.cli.client import describe_error
-
-                raise CliError(describe_error(response))
+                raise error_from_response(response)
             data = None
             for line in response.iter_lines():
                 if line.startswith("event: end"):

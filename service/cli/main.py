@@ -4,21 +4,53 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, cast
 
-import pydantic
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
 from service.cli import control
 from service.cli.profile import profile_app
-from service.cli.render import plan_panel, print_problems
-from service.planner import FieldProblem, InvalidSpec, plan
+from service.cli.render import (
+    EXIT_DOES_NOT_FIT,
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_UNREADABLE,
+    plan_line,
+    plan_panel,
+)
+from service.planner import Plan, plan
 from service.spec import LayoutPins, TrainingSpec, load_spec, spec_json_schema
+
+# Click's UsageError, wherever this typer takes click from (recent versions vendor their own copy).
+_USAGE_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+class _Group(TyperGroup):
+    """Click exits 2 for a bad command line, the code `plan` keeps for "does not fit": make it 1."""
+
+    def make_context(self, info_name: Any, args: Any, parent: Any = None, **extra: Any) -> Any:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except _USAGE_ERROR as exc:
+            cast(Any, exc).exit_code = EXIT_ERROR
+            raise
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except _USAGE_ERROR as exc:
+            cast(Any, exc).exit_code = EXIT_ERROR
+            raise
+
 
 app = typer.Typer(
     name="shardctl",
-    help="Plan, launch and track distributed training jobs.",
+    cls=_Group,
+    help="Plan, launch and track distributed training jobs.\n\n"
+    f"Exit codes: {EXIT_OK} done (every plan fits); {EXIT_ERROR} an invalid spec, a bad command line or"
+    f" another error; {EXIT_DOES_NOT_FIT} no layout fits; {EXIT_UNREADABLE} a spec file that cannot be read.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -31,17 +63,6 @@ for command in (control.serve, control.worker, control.submit, control.jobs, con
                 control.cancel):
     app.command()(command)
 console = Console()
-err = Console(stderr=True)
-
-EXIT_FITS, EXIT_INVALID, EXIT_DOES_NOT_FIT = 0, 1, 2
-
-
-def pydantic_problems(exc: pydantic.ValidationError, prefix: tuple[str, ...] = ()) -> list[FieldProblem]:
-    """pydantic's errors as `FieldProblem`s: a dotted field path and a message."""
-    return [
-        FieldProblem(loc=prefix + tuple(str(part) for part in e["loc"]), message=e["msg"].removeprefix("Value error, "))
-        for e in exc.errors()
-    ]
 
 
 def parse_layout_pins(text: str) -> dict[str, object]:
@@ -66,31 +87,29 @@ def _load(path: Path, layout: str | None) -> TrainingSpec:
 
 @app.command("plan")
 def plan_command(
-    specs: Annotated[list[Path], typer.Argument(help="Spec files (YAML or JSON).", exists=True, dir_okay=False)],
+    specs: Annotated[list[Path], typer.Argument(help="Spec files (YAML or JSON).", show_default=False)],
     layout: Annotated[str | None, typer.Option(
         "--layout", help="Pins on top of the spec's own, e.g. dp=8,tp=2,sharding=fsdp.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the Plan JSON.")] = False,
+    brief: Annotated[bool, typer.Option(
+        "--brief", help="One line per spec: name, layout, step time, memory, whether it fits.")] = False,
 ) -> None:
-    """Plan the fastest layout that fits. Exit 0 when every plan fits, 2 when one does not, 1 for an
-    invalid spec."""
-    plans = []
-    for path in specs:
-        try:
-            spec = _load(path, layout)
-            plans.append(plan(spec))
-        except pydantic.ValidationError as exc:
-            prefix = ("layout",) if exc.title == "LayoutPins" else ()
-            print_problems(err, str(path), pydantic_problems(exc, prefix))
-            raise typer.Exit(EXIT_INVALID) from None
-        except InvalidSpec as exc:
-            print_problems(err, str(path), exc.problems)
-            raise typer.Exit(EXIT_INVALID) from None
-        except (ValueError, OSError) as exc:
-            err.print(f"[bold red]{path}[/]: {exc}")
-            raise typer.Exit(EXIT_INVALID) from None
+    """Plan the fastest layout that fits.
+
+    Exit codes:
+      0  every plan fits
+      1  an invalid spec (a `field.path: message` line per problem), or an error
+      2  a plan does not fit (printed anyway: why, and the GPU count that fits)
+      3  a spec file does not exist or cannot be read
+    The first invalid or unreadable file stops the command.
+    """
+    plans: list[Plan] = [control.read_spec(path, lambda p: plan(_load(p, layout))) for path in specs]
     if as_json:
         payload = [p.model_dump(mode="json") for p in plans]
         console.out(json.dumps(payload[0] if len(payload) == 1 else payload, indent=2))
+    elif brief:
+        for p in plans:
+            console.out(plan_line(p), highlight=False)
     else:
         for p in plans:
             console.print(plan_panel(p, console.width))

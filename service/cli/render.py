@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+import pydantic
 from rich.console import Console, Group
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -10,6 +16,12 @@ from rich.text import Text
 from service.planner import FieldProblem, Plan
 
 GIB = 1024**3
+
+# The CLI's exit codes (README "Exit codes", `shardctl plan --help`).
+EXIT_OK = 0  # done; every plan fits
+EXIT_ERROR = 1  # an invalid spec, a bad command line, an API or other error
+EXIT_DOES_NOT_FIT = 2  # a plan (or a submission) for which no layout fits
+EXIT_UNREADABLE = 3  # a spec file that does not exist or cannot be read
 
 
 def gib(n: float) -> str:
@@ -99,7 +111,54 @@ def plan_panel(plan: Plan, width: int = 120) -> Panel:
     return Panel(Group(*parts), title="shardctl plan", expand=False)  # type: ignore[arg-type]
 
 
-def print_problems(console: Console, source: str, problems: list[FieldProblem]) -> None:
-    console.print(f"[bold red]{source}: invalid spec[/]")
+def plan_line(plan: Plan) -> str:
+    """The plan in one line: `name: layout, step time, memory, fits`."""
+    mem = plan.memory
+    verdict = "fits" if plan.fits else "does not fit" + (
+        f" (smallest GPU count that fits: {plan.min_gpus_to_fit})" if plan.min_gpus_to_fit is not None else "")
+    return (f"{plan.name}: {plan.layout.short()} on {plan.world_size} x {plan.gpu},"
+            f" {human_seconds(plan.time.step_s)}/step, {gib(mem.total)} / {gib(mem.gpu_memory)} GiB, {verdict}")
+
+
+def pydantic_problems(exc: pydantic.ValidationError, prefix: tuple[str, ...] = ()) -> list[FieldProblem]:
+    """pydantic's errors as `FieldProblem`s: a dotted field path and a message (no documentation links)."""
+    return [
+        FieldProblem(loc=prefix + tuple(str(part) for part in e["loc"]), message=e["msg"].removeprefix("Value error, "))
+        for e in exc.errors()
+    ]
+
+
+def print_problems(console: Console, source: str, problems: Iterable[FieldProblem]) -> None:
+    """`source: invalid spec`, then one `  field.path: message` line per problem."""
+    console.print(f"[bold red]{escape(source)}: invalid spec[/]", soft_wrap=True)
     for p in problems:
-        console.print(f"  [bold]{p.path or '(spec)'}[/]: {p.message}")
+        console.print(f"  [bold]{escape(p.path or '(spec)')}[/]: {escape(p.message)}", soft_wrap=True)
+
+
+def print_error(console: Console, message: str, source: str | None = None) -> None:
+    """`error: message` (or `source: message`), with the message printed as is: no markup, no wrapping."""
+    head = f"[bold red]{escape(source)}[/]:" if source else "[bold red]error:[/]"
+    console.print(f"{head} {escape(message)}", soft_wrap=True, highlight=False)
+
+
+_YAML_SOURCE = re.compile(r'in "<[^>]*>", ')
+
+
+def unreadable_message(path: Path, exc: OSError | UnicodeDecodeError) -> str:
+    """Why a spec file cannot be read, without repeating its path."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"cannot read: not UTF-8 text ({exc.reason} at byte {exc.start})"
+    if isinstance(exc, FileNotFoundError):
+        return "no such file"
+    if isinstance(exc, IsADirectoryError):
+        return "is a directory, not a spec file"
+    return f"cannot read: {exc.strerror or exc}"
+
+
+def spec_error_message(path: Path, exc: ValueError) -> str:
+    """A spec loader's message without the path it already starts with, and YAML's `in "<unicode
+    string>"` (the file is the path the CLI prints in front)."""
+    text = str(exc)
+    for prefix in (f"{path}: ", f"{path.as_posix()}: "):
+        text = text.removeprefix(prefix)
+    return _YAML_SOURCE.sub("at ", text)

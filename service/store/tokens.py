@@ -103,10 +103,35 @@ def authenticate(session: Session, bearer: str) -> Principal | None:
                      team_id=row.team_id, team_name=row.team.name if row.team else None, job_id=row.job_id)
 
 
-def revoke_token(session: Session, token_id: str) -> ApiToken:
+MIN_ID_PREFIX = 4  # shorter prefixes are too easy to mistype into someone else's token
+MAX_CANDIDATES = 10
+
+
+def token_by_id(session: Session, token_id: str) -> ApiToken:
+    """The token whose id is `token_id`, or else the one token whose id starts with it (at least
+    `MIN_ID_PREFIX` characters; `shardctl token list` may show ids cut short).
+
+    Raises `NotFound` when no id matches and `Conflict`, naming the candidates, when several do.
+    """
     row = session.get(ApiToken, token_id)
-    if row is None:
+    if row is not None:
+        return row
+    if len(token_id) < MIN_ID_PREFIX:
+        raise NotFound(f"no token {token_id!r} (a shortened id needs at least {MIN_ID_PREFIX} characters)")
+    rows = list(session.scalars(select(ApiToken).where(ApiToken.id.startswith(token_id, autoescape=True))
+                                .order_by(ApiToken.id).limit(MAX_CANDIDATES + 1)))
+    if not rows:
         raise NotFound(f"no token {token_id!r}")
+    if len(rows) > 1:
+        named = ", ".join(f"{r.id} ({r.role}{' ' + repr(r.name) if r.name else ''})" for r in rows[:MAX_CANDIDATES])
+        more = " and more" if len(rows) > MAX_CANDIDATES else ""
+        raise Conflict(f"token id prefix {token_id!r} is ambiguous: it matches {named}{more}; give more characters")
+    return rows[0]
+
+
+def revoke_token(session: Session, token_id: str) -> ApiToken:
+    """Revoke the token `token_id` names (its id or a unique prefix of it, see `token_by_id`); idempotent."""
+    row = token_by_id(session, token_id)
     if row.revoked_at is None:
         row.revoked_at = utcnow()
     return row

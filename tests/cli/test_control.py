@@ -88,9 +88,37 @@ def test_errors_are_one_readable_message(cli, tmp_path: Path) -> None:
     big.write_text(json.dumps(tiny(model={"preset": "llama-3.1-405b"},
                                    resources={"gpu": "H100-SXM-80GB", "gpus_per_node": 8})))
     code, out = cli("submit", str(big))
-    assert code == 1 and "no layout fits" in out
+    assert code == 2 and "no layout fits" in out  # 2: does not fit, as `shardctl plan` exits
+    assert "smallest GPU count that fits" in out
     code, out = cli("show", "424242")
     assert code == 1 and "no job 424242" in out
+
+
+def test_a_spec_the_api_refuses_prints_as_plan_prints_it(cli, tmp_path: Path) -> None:
+    """The spec passes its own validation, the planner refuses it on the server: a 422 whose fields
+    print one `field: message` line each under the file's name, with no pydantic links."""
+    cli("token", "create", "--admin")
+    spec = tmp_path / "odd-gpu.yaml"
+    spec.write_text(json.dumps(tiny(resources={"gpu": "H900", "gpus_per_node": 8})))
+    for args in (("submit", str(spec)), ("submit", str(spec), "--dry-run")):
+        code, out = cli(*args)
+        assert code == 1, out
+        lines = out.splitlines()
+        assert lines[0] == f"{spec}: invalid spec", out
+        assert any(line.startswith("  resources.gpu: ") and "unknown GPU" in line for line in lines), out
+        assert "errors.pydantic.dev" not in out and "HTTP 422" not in out
+
+
+def test_show_brief_puts_the_plan_on_one_line(cli, tmp_path: Path) -> None:
+    cli("token", "create", "--admin")
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(json.dumps(tiny()))
+    job = json.loads(cli("submit", str(spec), "--json")[1])
+    code, out = cli("show", str(job["id"]), "--brief")
+    assert code == 0, out
+    assert "Memory per GPU" not in out
+    assert any(line.startswith("  plan tiny: ") and "/step" in line for line in out.splitlines()), out
+    assert "no measurements reported yet" in out
 
 
 def test_an_unreachable_api_says_how_to_start_it(cli, monkeypatch: pytest.MonkeyPatch) -> None:

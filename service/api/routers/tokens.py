@@ -41,8 +41,11 @@ def get_tokens(_: Admin, db: Db) -> list[TokenOut]:
         return [token_out(t) for t in list_tokens(session)]
 
 
-@router.post("/v1/tokens/{token_id}/revoke", response_model=TokenOut, responses={404: {"model": ErrorResponse}})
+@router.post("/v1/tokens/{token_id}/revoke", response_model=TokenOut,
+             responses={404: {"model": ErrorResponse}, 409: {"model": ErrorResponse}})
 def revoke(token_id: str, _: Admin, db: Db) -> TokenOut:
+    """Revoke a token (idempotent). `token_id` is its id or a unique prefix of it (4 characters at least);
+    a prefix that matches several tokens is a 409 naming them."""
     with db.begin() as session:
         return token_out(revoke_token(session, token_id))
 

@@ -1,0 +1,83 @@
+"""Composition: the one place that builds the running system out of its parts.
+
+The control plane (`service.*`) never imports `workers.*`: the API learns what the dispatcher can do
+through what it is given (`launch_preview`, `configured_backends`). This module is the single
+declared exception. It builds the store (engine, sessions, migrations), the first admin token, the
+backends the settings enable, the dispatcher and the API app, so that `shardctl serve` and `shardctl
+worker` only call it. `workers` is imported inside the functions that need it, so commands that build
+nothing (`shardctl plan`, the API clients) never load it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.settings import Settings
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from workers.backends.base import Backend
+    from workers.dispatcher import Dispatcher
+
+Sessions = sessionmaker[Session]
+
+
+def open_store(settings: Settings) -> Sessions:
+    """A sessionmaker on the database `settings` names, migrated first (one engine per process; the
+    engine is `sessions.kw["bind"]`)."""
+    from service.store import migrate
+    from service.store.db import make_engine, make_sessionmaker
+
+    migrate.upgrade(settings.resolved_database_url)
+    return make_sessionmaker(make_engine(settings.resolved_database_url))
+
+
+def needs_first_admin(sessions: Sessions) -> bool:
+    """True on a database without a live admin token (a first start)."""
+    from service.store.tokens import has_admin
+
+    with sessions.begin() as session:
+        return not has_admin(session)
+
+
+def bootstrap_admin(sessions: Sessions, name: str) -> str:
+    """Create an admin token directly in the database (first start); returns its secret."""
+    from service.store.tokens import create_token
+    from service.store.vocab import Role
+
+    with sessions.begin() as session:
+        _, secret = create_token(session, role=Role.ADMIN, name=name)
+    return secret
+
+
+def make_backends(settings: Settings) -> dict[str, Backend]:
+    """The backends `settings` and this machine enable: `local` always, `slurm`, `kubernetes`."""
+    from workers.backends import registry
+
+    return registry.make_backends(settings)
+
+
+def make_dispatcher(settings: Settings, sessions: Sessions, backends: Mapping[str, Backend],
+               public_url: str | None = None) -> Dispatcher:
+    """The dispatcher over `backends`, configured from `settings`; jobs report to `public_url` (default:
+    `settings.public_url`)."""
+    from workers.dispatcher import Dispatcher, DispatcherConfig
+
+    config = DispatcherConfig(lease_s=settings.dispatcher_lease_s, batch=settings.dispatcher_batch,
+                              max_attempts=settings.max_attempts, retry_backoff_s=settings.retry_backoff_s,
+                              api_url=public_url or settings.public_url)
+    return Dispatcher(sessions, backends, config)
+
+
+def make_app(settings: Settings, sessions: Sessions, backends: Mapping[str, Backend], public_url: str) -> FastAPI:
+    """The API on `sessions`' engine, told which backends the dispatcher has and how to preview what
+    it would send them (`POST /v1/plans`, `shardctl submit --dry-run`)."""
+    from service.api.app import create_app
+    from workers.dispatcher import launch_preview
+
+    return create_app(settings, engine=sessions.kw["bind"], launch_preview=launch_preview(backends, public_url),
+                      configured_backends=sorted(backends))
