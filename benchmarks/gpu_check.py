@@ -83,10 +83,9 @@ def run_one(label: str, fields: dict[str, Any], args: argparse.Namespace, gpu: s
     work = tmp / label.replace(" ", "_").replace("+", "")
     work.mkdir(parents=True)
     (work / "plan.json").write_text(plan.model_dump_json())
-    (work / "spec.json").write_text(spec.model_dump_json(exclude_none=True))
     torchrun = Path(sys.executable).with_name("torchrun")
     cmd = [str(torchrun), "--standalone", f"--nproc_per_node={world}", "-m", "workers.runtime",
-           "--plan", str(work / "plan.json"), "--spec", str(work / "spec.json"), "--out", str(work / "out"),
+           "--plan", str(work / "plan.json"), "--out", str(work / "out"),
            "--device", "cuda", "--timeout-s", "120"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SHARDCTL_LOG": "WARNING"}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout, check=False)

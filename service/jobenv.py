@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, FieldSerializationInfo, SecretStr, ValidationError, field_serializer
 
 from service.planner.result import Plan
 
@@ -27,6 +27,9 @@ API_URL = "SHARDCTL_URL"
 TOKEN = "SHARDCTL_JOB_TOKEN"  # the one secret: backends keep it out of previews and in their secret stores
 
 NAMES = (JOB_ID, ATTEMPT, PLAN, OUT_DIR, API_URL, TOKEN)
+REVEAL_KEY = "reveal_secrets"
+#: Serialisation context that writes the token in clear, for a file only the job reads.
+REVEAL = {REVEAL_KEY: True}
 
 
 class MeasurementKind(StrEnum):
@@ -52,6 +55,14 @@ class JobEnv(BaseModel):
     api_url: str | None = Field(None, description="Where the job reports; None: it reports nowhere.")
     token: SecretStr | None = Field(None, description="The job-scoped token for its reports.")
     out_dir: str | None = None
+
+    @field_serializer("token", when_used="json")
+    def _token(self, token: SecretStr | None, info: FieldSerializationInfo) -> str | None:
+        """Masked in JSON, unless the caller hands the request on to the job itself
+        (`model_dump_json(context=REVEAL)`, as the local backend's request file does)."""
+        if token is None:
+            return None
+        return token.get_secret_value() if (info.context or {}).get(REVEAL_KEY) else str(token)
 
     def variables(self) -> dict[str, str]:
         """The plain variables (never the token)."""

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from service.backend_options import BackendOptions, LocalOptions
+from service.backend_options import BackendKind, BackendOptions, LocalOptions
 from service.names import JobName, Label
 
 Precision = Literal["fp32", "bf16", "fp16", "fp8"]
@@ -207,6 +207,15 @@ class TrainingSpec(_Strict):
         return None if wanted == "auto" else wanted
 
 
+def field_path(loc: tuple[int | str, ...]) -> str:
+    """A pydantic error location as the dotted path a user writes in the spec: `backend.sbatch`, not
+    the union's internal `backend.slurm.sbatch`."""
+    parts = list(loc)
+    if len(parts) > 1 and parts[0] == "backend" and parts[1] in {k.value for k in BackendKind}:
+        del parts[1]
+    return ".".join(str(p) for p in parts)
+
+
 def parse_spec_text(text: str, *, source: str = "<spec>") -> TrainingSpec:
     """Parse YAML or JSON text (JSON is YAML) into a validated spec.
 
@@ -241,6 +250,7 @@ __all__ = [
     "Resources",
     "TrainingConfig",
     "TrainingSpec",
+    "field_path",
     "load_spec",
     "parse_spec_text",
     "spec_json_schema",

@@ -110,7 +110,9 @@ def build_request(job_id: int, number: int, *, plan: Plan, spec: TrainingSpec, t
 
 def launch_preview(backends: Mapping[str, Backend], api_url: str | None = None) -> LaunchPreview:
     """A function that renders what attempt 1 of a not-yet-created job would send to its backend
-    (`POST /v1/plans`, `shardctl submit --dry-run`); None when the spec's backend is not configured."""
+    (`POST /v1/plans`, `shardctl submit --dry-run`); None when the spec's backend is not configured.
+    It raises `ValueError` with the backend's reason when the backend would refuse the request (the
+    API, which never imports backends, answers that as a 422)."""
 
     def preview(spec: TrainingSpec, plan: Plan) -> dict[str, Any] | None:
         backend = backends.get(spec.backend.kind)
@@ -118,7 +120,10 @@ def launch_preview(backends: Mapping[str, Backend], api_url: str | None = None) 
             return None
         req = build_request(0, 1, plan=plan, spec=spec, team=spec.team or "default",
                             token="<job token, minted at submission>", api_url=api_url)
-        return backend.render(req).model_dump(mode="json")
+        try:
+            return backend.render(req).model_dump(mode="json")
+        except SubmissionRefused as exc:
+            raise ValueError(str(exc)) from exc
 
     return preview
 
@@ -277,12 +282,15 @@ class Dispatcher:
                 continue
             for _, status, _, handle in items:
                 if status == S.CANCELLING:
-                    with contextlib.suppress(BackendUnavailable):
+                    with contextlib.suppress(BackendUnavailable, TransientBackendError):  # again next cycle
                         backend.cancel(handle)
             try:
                 observed = backend.poll([h for _, _, _, h in items])
             except BackendUnavailable:
                 report.unreachable.append(backend_name)
+                continue
+            except TransientBackendError as exc:  # answered but busy: unknown for now, like an outage
+                log.warning("%s could not be polled this cycle: %s", backend_name, exc)
                 continue
             for job_id, _, number, handle in items:
                 obs = observed.get(handle.name)

@@ -23,15 +23,23 @@ def upgrade() -> None:
     with op.batch_alter_table("jobs", schema=None) as batch_op:
         batch_op.add_column(sa.Column("layout", sa.String(length=200), nullable=False, server_default=""))
         batch_op.add_column(sa.Column("predicted_step_s", sa.Float(), nullable=True))
-    from service.store.jobs import layout_line
-
     bind = op.get_bind()
     jobs = sa.table("jobs", sa.column("id", sa.BigInteger()), sa.column("plan", sa.JSON()),
                     sa.column("layout", sa.String()), sa.column("predicted_step_s", sa.Float()))
     for job_id, plan in bind.execute(sa.select(jobs.c.id, jobs.c.plan)).all():
         plan = json.loads(plan) if isinstance(plan, str) else plan or {}
         bind.execute(jobs.update().where(jobs.c.id == job_id).values(
-            layout=layout_line(plan), predicted_step_s=(plan.get("time") or {}).get("step_s")))
+            layout=_layout_line(plan), predicted_step_s=(plan.get("time") or {}).get("step_s")))
+
+
+def _layout_line(plan: dict[str, object]) -> str:
+    """The line new rows get (`Layout.short`), or "" for a plan whose layout this version cannot read."""
+    from service.planner.layout import Layout
+
+    try:
+        return Layout(**plan["layout"]).short()[:200]  # type: ignore[arg-type]
+    except (KeyError, TypeError):
+        return ""
 
 
 def downgrade() -> None:

@@ -11,6 +11,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.api.schemas import ErrorBody, ErrorField, ErrorResponse
 from service.planner import InvalidSpec
+from service.spec import field_path
 from service.store.states import IllegalTransition
 from service.store.tokens import Conflict, NotFound
 
@@ -32,8 +33,7 @@ def error_response(status: int, code: str, message: str, *, fields: list[ErrorFi
 
 
 def _loc(parts: tuple[Any, ...]) -> str:
-    skip = {"body"}
-    return ".".join(str(p) for p in parts if p not in skip) or "body"
+    return field_path(tuple(p for p in parts if p != "body")) or "body"
 
 
 _HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",

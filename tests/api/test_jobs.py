@@ -57,7 +57,7 @@ def test_validation_errors_name_each_field(env: Env, admin: dict[str, str]) -> N
     r = submit(env, admin, tiny(training={"global_batch": -1, "precision": "int4"}))
     assert r.status_code == 422
     error = r.json()["error"]
-    assert error["code"] == "validation_error"
+    assert error["code"] == "invalid_spec"  # the same code as the planner's own checks below
     assert {f["loc"] for f in error["fields"]} >= {"training.global_batch", "training.precision"}
 
 

@@ -42,7 +42,7 @@ def test_oversized_bodies_are_refused(env: Env, admin: dict[str, str]) -> None:
 
 def test_malformed_json_is_a_422_with_the_stable_shape(env: Env, admin: dict[str, str]) -> None:
     r = env.client.post("/v1/jobs", content=b"{not json", headers={**admin, "Content-Type": "application/json"})
-    assert r.status_code == 422 and r.json()["error"]["code"] == "validation_error"
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_spec"  # the spec body of POST /v1/jobs
 
 
 def test_openapi_is_served_with_every_resource(env: Env) -> None:

@@ -5,12 +5,15 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import func, select
 
+from service.planner import plan
+from service.spec import TrainingSpec
 from service.store import migrate
 from service.store.db import make_engine, make_sessionmaker
 from service.store.jobs import NewJob, create_job
 from service.store.models import Event, Job
 from service.store.states import ALLOWED, TERMINAL, IllegalTransition, JobStatus, transition
 from service.store.tokens import ensure_team
+from tests.specs import tiny
 
 
 def test_migrations_go_up_down_up_without_drift(db_url: str) -> None:
@@ -29,12 +32,23 @@ def sessions(db_url: str):
     engine.dispose()
 
 
+SPEC = TrainingSpec.model_validate(tiny(name="j"))
+PLAN = plan(SPEC)
+
+
 def _job(sessions) -> int:
     with sessions.begin() as session:
         team = ensure_team(session, "alpha")
-        job = create_job(session, NewJob(name="j", team=team, backend="local", priority=0, spec={}, plan={}),
-                         actor="test", idempotency=None)
+        job = create_job(session, NewJob(team=team, spec=SPEC, plan=PLAN), actor="test", idempotency=None)
         return job.id
+
+
+def test_spec_and_plan_read_back_as_the_models_written(sessions) -> None:
+    job_id = _job(sessions)
+    with sessions.begin() as session:
+        job = session.get(Job, job_id)
+        assert job.spec == SPEC and job.plan == PLAN
+        assert job.status is JobStatus.QUEUED and job.layout == PLAN.layout.short()
 
 
 def test_every_transition_the_machine_allows_and_refuses(sessions) -> None:
@@ -90,8 +104,7 @@ def test_migration_0002_backfills_the_list_columns_from_existing_plans(db_url: s
 
     migrate.downgrade(db_url, "0001")
     engine = sa.create_engine(db_url)
-    plan = {"layout": {"sharding": "fsdp", "dp": 8, "tp": 1, "pp": 1, "cp": 1, "micro_batch": 2,
-                       "grad_accum_steps": 4, "activation_checkpointing": "full"}, "time": {"step_s": 1.25}}
+    plan = {"layout": PLAN.layout.to_dict(), "time": {"step_s": 1.25}}
     with engine.begin() as conn:
         conn.execute(sa.text("INSERT INTO teams (name, created_at) VALUES ('alpha', CURRENT_TIMESTAMP)"))
         team_id = conn.execute(sa.text("SELECT id FROM teams")).scalar_one()
@@ -105,4 +118,4 @@ def test_migration_0002_backfills_the_list_columns_from_existing_plans(db_url: s
     with engine.begin() as conn:
         layout, step = conn.execute(sa.text("SELECT layout, predicted_step_s FROM jobs")).one()
     engine.dispose()
-    assert layout == "fsdp dp=8 tp=1 pp=1 cp=1 mb=2x4 ac=full" and step == 1.25
+    assert layout == PLAN.layout.short() and step == 1.25  # the line rows written since get

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from service import jobenv
+from tests.specs import launch_request, tiny_plan
 from workers.backends.base import Handle, LaunchRequest, RunState, attempt_name
 from workers.backends.local import LocalBackend
 
 
-def request(name: str, command: list[str], nodes: int = 1, procs: int = 1) -> LaunchRequest:
-    return LaunchRequest(job_id=1, attempt=1, name=name, nodes=nodes, procs_per_node=procs, gpus_per_proc=0,
-                         command=command, env={"SHARDCTL_JOB_ID": "1"}, plan={}, spec={}, team="t")
+def request(name: str, command: list[str], nodes: int = 1, procs: int = 1, **kw: object) -> LaunchRequest:
+    return launch_request(name, command, nodes=nodes, procs=procs, **kw)  # type: ignore[arg-type]
 
 
 def wait(backend: LocalBackend, handle: Handle, until: set[RunState], timeout: float = 90) -> RunState:
@@ -91,10 +93,28 @@ def test_jobs_survive_the_process_that_submitted_them(backend: LocalBackend, tmp
     assert done.read_text() == "ok"
 
 
-def test_logs_and_render(backend: LocalBackend) -> None:
-    handle = backend.submit(request("shardctl-6-1", py("print('hello from rank', 0)")))
-    wait(backend, handle, {RunState.SUCCEEDED})
-    assert any("hello from rank 0" in line for line in backend.logs(handle, 0))
-    rendered = backend.render(request("shardctl-7-1", py("pass"), nodes=2, procs=4))
+def test_render(backend: LocalBackend) -> None:
+    rendered = backend.render(request("shardctl-7-1", py("pass"), nodes=2, procs=4, token="shc_1_secret"))
     commands = rendered.content["commands"]
     assert len(commands) == 2 and "--nproc-per-node=4" in commands[0] and "--node-rank=1" in commands[1]
+    shown = rendered.content["env"]
+    assert shown[jobenv.TOKEN] == "<redacted>" and shown[jobenv.JOB_ID] == "1"
+    assert shown[jobenv.OUT_DIR] == str(backend.folder / "shardctl-7-1" / "out")
+
+
+def test_a_job_gets_the_contract_and_not_the_servers_secrets(backend: LocalBackend, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job sees the job contract (service.jobenv) and its own entrypoint.env, never the server's
+    settings: a member's program must not read the control plane's database password."""
+    monkeypatch.setenv("SHARDCTL_DATABASE_URL", "postgresql://shardctl:hunter2@db/shardctl")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "server-only")
+    seen = tmp_path / "env.json"
+    code = f"import json, os; open('{seen}', 'w').write(json.dumps(dict(os.environ)))"
+    handle = backend.submit(request("shardctl-8-1", py(code), token="shc_1_secret", user_env={"MODE": "a"}))
+    assert wait(backend, handle, {RunState.SUCCEEDED, RunState.FAILED}) == RunState.SUCCEEDED
+    env = json.loads(seen.read_text())
+    assert "SHARDCTL_DATABASE_URL" not in env and "AWS_SECRET_ACCESS_KEY" not in env
+    assert env["MODE"] == "a" and env[jobenv.TOKEN] == "shc_1_secret"
+    got = jobenv.JobEnv.from_environ(env)
+    assert got.plan == tiny_plan() and (got.job_id, got.attempt) == (1, 1)
+    assert got.out_dir == str(backend.folder / "shardctl-8-1" / "out")

@@ -19,17 +19,18 @@ def test_plans_render_the_launch_request_when_a_dispatcher_is_wired(env: Env, tm
     admin = env.headers(env.token("admin"))
     assert env.client.post("/v1/plans", json=tiny(), headers=admin).json()["launch"] is None
     app = create_app(Settings(database_url=env.url, data_dir=tmp_path), engine=make_engine(env.url),
-                     launch_preview=launch_preview({"local": LocalBackend(tmp_path / "local")}, "http://x"))
+                     launch_preview=launch_preview({"local": LocalBackend(tmp_path / "local")}, "http://x"),
+                     configured_backends=["local"])
     with TestClient(app) as client:
         body = client.post("/v1/plans", json=tiny(entrypoint={"command": ["python", "-m", "workers.runtime"],
                                                                 "env": {"DB_PASSWORD": "hunter2", "MODE": "a"}}),
                            headers=admin).json()
-        other = client.post("/v1/plans", json=tiny(backend={"kind": "slurm"}), headers=admin).json()
+        other = client.post("/v1/plans", json=tiny(backend={"kind": "slurm"}), headers=admin)
     launch = body["launch"]
     assert launch["backend"] == "local" and launch["name"] == "shardctl-0-1"
     (command,) = launch["content"]["commands"]
     assert "--nproc-per-node=2" in command and command[-3:] == ["python", "-m", "workers.runtime"]
     shown = launch["content"]["env"]
     assert shown["SHARDCTL_JOB_TOKEN"] == shown["DB_PASSWORD"] == "<redacted>" and shown["MODE"] == "a"
-    assert other["launch"] is None  # no slurm backend on this server
+    assert other.status_code == 422 and "configured: local" in other.json()["error"]["message"]
     assert env.client.get("/v1/jobs", headers=admin).json()["items"] == []

@@ -10,8 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from service.planner import Layout, estimate
 from service.spec import TrainingSpec
 
@@ -45,13 +43,12 @@ def layout(*, sharding: str = "ddp", dp: int = 1, tp: int = 1, pp: int = 1, dp_s
 @dataclass
 class Case:
     plan: Path
-    spec: Path
     out: Path
     world: int
 
 
 def make_case(tmp: Path, lay: Layout, *, precision: str = "fp32", steps: int = 4, gpu: str = "cpu") -> Case:
-    """A plan (and spec) for `lay`. `gpu` names the hardware the plan is made for; the runtime still
+    """A plan for `lay` (the plan alone is what the runtime runs). `gpu` names the hardware the plan is made for; the runtime still
     runs on CPU (the planner refuses fp16 for `gpu: cpu`, so fp16 cases plan for a GPU)."""
     world = lay.world_size
     gb = lay.dp * lay.micro_batch * lay.grad_accum_steps
@@ -60,8 +57,7 @@ def make_case(tmp: Path, lay: Layout, *, precision: str = "fp32", steps: int = 4
     plan = estimate(spec, lay)
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "plan.json").write_text(plan.model_dump_json(indent=2))
-    (tmp / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True)))
-    return Case(plan=tmp / "plan.json", spec=tmp / "spec.yaml", out=tmp / "out", world=world)
+    return Case(plan=tmp / "plan.json", out=tmp / "out", world=world)
 
 
 def env() -> dict[str, str]:
@@ -76,7 +72,7 @@ def torchrun(case: Case, *args: str, timeout: float = 120, extra_env: dict[str, 
              ) -> subprocess.CompletedProcess[str]:
     """Run the runtime under `torchrun --standalone` with `case.world` processes."""
     cmd = [str(TORCHRUN), "--standalone", f"--nproc_per_node={case.world}", "-m", "workers.runtime",
-           "--plan", str(case.plan), "--spec", str(case.spec), "--out", str(case.out), "--timeout-s", "30", *args]
+           "--plan", str(case.plan), "--out", str(case.out), "--timeout-s", "30", *args]
     return subprocess.run(cmd, cwd=ROOT, env={**env(), **(extra_env or {})}, capture_output=True, text=True,
                           timeout=timeout, check=False)
 

@@ -146,7 +146,7 @@ def test_a_killed_rank_does_not_leave_its_peer_hanging_past_the_timeout(tmp_path
     for rank in range(2):
         e = {**env(), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
              "MASTER_PORT": str(port)}
-        cmd = [sys.executable, "-m", "workers.runtime", "--plan", str(case.plan), "--spec", str(case.spec),
+        cmd = [sys.executable, "-m", "workers.runtime", "--plan", str(case.plan),
                "--out", str(case.out), "--timeout-s", "10", "--no-profile", "--no-track-memory",
                "--checkpoint-every", "1"]
         procs.append(subprocess.Popen(cmd, cwd=ROOT, env=e, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))

@@ -14,7 +14,9 @@ from service.planner.models import resolve_model
 from service.spec import ModelSpec, TrainingSpec
 from tests.runtime.harness import ROOT, TINY_MODEL, env, layout, make_case, report, spec_dict
 from workers.runtime import Decoder, UnsupportedLayout
-from workers.runtime.config import spec_from_plan
+from service.jobenv import JobEnv, MeasurementKind
+from workers.runtime.__main__ import _plan
+from workers.runtime.config import PlanNotRunnable, RunOptions, resolve_run
 from workers.runtime.data import global_batch, local_batch
 from workers.runtime.model import keep_stage, stage_layers
 from workers.runtime.parallelize import check_supported
@@ -95,27 +97,42 @@ def test_local_batches_partition_the_global_batch_deterministically() -> None:
     assert torch.equal(torch.cat([y for _, y in parts]), whole[:, 1:])
 
 
-def test_spec_is_rebuilt_from_a_preset_plan() -> None:
-    spec = TrainingSpec.model_validate({"name": "t", "model": {"preset": "llama-tiny"},
-                                        "training": {"global_batch": 8, "precision": "fp32", "steps": 20},
+def test_a_plan_for_a_custom_model_runs_by_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan carries the resolved shape and the training settings: no spec beside it, no re-planning."""
+    spec = TrainingSpec.model_validate({"name": "t", "model": TINY_MODEL,
+                                        "training": {"global_batch": 8, "precision": "fp32", "optimizer": "sgd",
+                                                     "steps": 20},
                                         "resources": {"gpu": "cpu", "gpus_per_node": 2, "nodes": 1}})
-    p = plan(spec)
-    rebuilt = spec_from_plan(p)
-    assert rebuilt.training.global_batch == 8 and rebuilt.training.precision == "fp32"
-    assert rebuilt.training.steps == 20 and rebuilt.model.preset == "llama-tiny"
-    assert rebuilt.resources.world_size == 2
+    stored = plan(spec)
+    job = JobEnv(job_id=7, attempt=2, plan=stored, api_url="http://api", token="shc_1_x")
+    for name in list(job.environ()):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in job.environ().items():
+        monkeypatch.setenv(name, value)
+    shipped = _plan(None)
+    assert shipped == stored  # exactly what the API stored, whole
+    cfg = resolve_run(shipped, RunOptions())
+    assert cfg.shape == resolve_model(spec.model) and cfg.shape.name == "custom"
+    assert (cfg.training.global_batch, cfg.training.optimizer, cfg.steps) == (8, "sgd", 20)
+    assert cfg.plan.time == stored.time  # predictions are the stored plan's
+
+
+def test_a_plan_without_its_shape_is_refused_with_the_fix() -> None:
+    old = plan(TrainingSpec.model_validate(spec_dict(2))).model_copy(update={"shape": None})
+    with pytest.raises(PlanNotRunnable, match="plan the spec again"):
+        resolve_run(old, RunOptions())
 
 
 def test_unreachable_api_is_logged_not_raised() -> None:
     reporter = ApiReporter("http://127.0.0.1:9", "1", "t", timeout_s=1)
-    assert reporter.post("heartbeat", {"step": 1}) is False
+    assert reporter.post(MeasurementKind.HEARTBEAT, {"step": 1}) is False
     assert reporter.failures == 1
 
 
 def test_a_world_that_does_not_match_the_plan_fails_with_a_clear_error(tmp_path: Path) -> None:
     case = make_case(tmp_path, layout(sharding="ddp", dp=2, micro_batch=4))
-    cmd = [sys.executable, "-m", "workers.runtime", "--plan", str(case.plan), "--spec", str(case.spec),
-           "--out", str(case.out), "--timeout-s", "20"]
+    cmd = [sys.executable, "-m", "workers.runtime", "--plan", str(case.plan), "--out", str(case.out),
+           "--timeout-s", "20"]
     done = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 1
     err = report(case)["error"]

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from service.jobenv import PLAN
+from service.jobenv import PLAN, REVEAL
 from workers.backends.base import (
     REDACTED,
     Handle,
@@ -93,7 +93,7 @@ class LocalBackend:
             return Handle(name=req.name, backend_id=req.name)
         tmp = self.folder / f".{req.name}.{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
-        (tmp / "request.json").write_text(req.model_dump_json())
+        (tmp / "request.json").write_text(req.model_dump_json(context=REVEAL))  # the supervisor runs the job
         subprocess.Popen([sys.executable, "-m", "workers.backends.local_supervisor", str(tmp), str(final)],
                          start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                          stderr=open(self.folder / f".{req.name}.supervisor.log", "ab"))  # noqa: SIM115
