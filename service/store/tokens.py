@@ -7,14 +7,12 @@ import hmac
 import secrets
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.store.models import ApiToken, Team, as_utc, utcnow
-
-Role = Literal["admin", "member", "job"]
+from service.store.vocab import Role
 TOKEN_PREFIX = "shc"
 
 
@@ -38,7 +36,7 @@ class Principal:
 
     @property
     def actor(self) -> str:
-        return f"{self.role}:{self.token_id}"
+        return f"{self.role.value}:{self.token_id}"
 
 
 def _hash(secret: str) -> str:
@@ -73,9 +71,9 @@ def ensure_team(session: Session, name: str) -> Team:
 def create_token(session: Session, *, role: Role, team: Team | None = None, job_id: int | None = None,
                  name: str | None = None, expires_at: datetime | None = None) -> tuple[ApiToken, str]:
     """Create a token; return the row and the full secret `shc_<id>_<secret>` (never stored)."""
-    if role == "member" and team is None:
+    if role == Role.MEMBER and team is None:
         raise ValueError("a member token needs a team")
-    if role == "job" and job_id is None:
+    if role == Role.JOB and job_id is None:
         raise ValueError("a job token needs a job")
     token_id = secrets.token_hex(8)
     secret = secrets.token_urlsafe(32)
@@ -99,7 +97,7 @@ def authenticate(session: Session, bearer: str) -> Principal | None:
         return None
     if row.expires_at is not None and as_utc(row.expires_at) <= now:
         return None
-    return Principal(token_id=row.id, role=row.role,  # type: ignore[arg-type]
+    return Principal(token_id=row.id, role=row.role,
                      team_id=row.team_id, team_name=row.team.name if row.team else None, job_id=row.job_id)
 
 
@@ -138,9 +136,9 @@ def revoke_token(session: Session, token_id: str) -> ApiToken:
 
 
 def list_tokens(session: Session) -> list[ApiToken]:
-    return list(session.scalars(select(ApiToken).where(ApiToken.role != "job").order_by(ApiToken.created_at)))
+    return list(session.scalars(select(ApiToken).where(ApiToken.role != Role.JOB).order_by(ApiToken.created_at)))
 
 
 def has_admin(session: Session) -> bool:
-    return session.scalar(select(ApiToken.id).where(ApiToken.role == "admin", ApiToken.revoked_at.is_(None))
+    return session.scalar(select(ApiToken.id).where(ApiToken.role == Role.ADMIN, ApiToken.revoked_at.is_(None))
                           .limit(1)) is not None
