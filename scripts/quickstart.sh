@@ -109,7 +109,7 @@ echo "  the API: $SHARDCTL_URL (its OpenAPI docs: $SHARDCTL_URL/docs)"
 echo "  in a shell, first point the CLI at the demo (its URL and admin token):"
 echo "    export SHARDCTL_CONFIG=$SHARDCTL_CONFIG"
 echo "  then:"
-printf '    %-48s # %s\n' \
+printf '    %-50s # %s\n' \
   "$shardctl jobs" "every job, newest first" \
   "$shardctl show $job" "the whole plan, the attempts, predicted vs measured" \
   "$shardctl events $job" "what happened, in order (--follow: live)" \
