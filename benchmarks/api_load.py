@@ -48,16 +48,16 @@ from typing import Any
 
 import httpx
 import psycopg
-from sqlalchemy import create_engine, insert, select, text
+from sqlalchemy import JSON, column, create_engine, insert, select, table, text
 from sqlalchemy.engine import make_url
 
 from service.planner import plan
 from service.spec import TrainingSpec
 from service.store import migrate
 from service.store.db import make_sessionmaker
-from service.store.jobs import layout_line
 from service.store.models import Event, Job, Team
 from service.store.tokens import create_token
+from service.store.vocab import Role
 
 DEFAULT_URL = "postgresql+psycopg://shardctl:shardctl@127.0.0.1:5432/shardctl"
 GOAL_SUBMISSIONS_PER_S = 300.0
@@ -113,15 +113,19 @@ def seed(url: str, n_jobs: int, rng: random.Random) -> Seeded:
     """Bulk-insert `n_jobs` jobs (ids 1..n) and their `job.queued` events; mint the two tokens."""
     start = time.perf_counter()
     base = TrainingSpec.model_validate(TINY)
-    plan_doc = plan(base).model_dump(mode="json")
+    planned = plan(base)
+    plan_doc = planned.model_dump(mode="json")
     engine = create_engine(url)
     with engine.begin() as conn:
         team_ids = {t: int(conn.execute(insert(Team).values(name=t, created_at=datetime.now(UTC))
                                         .returning(Team.id)).scalar_one()) for t in TEAMS}
-    specs = {(t, b): base.model_copy(update={"team": t, "backend": base.backend.model_copy(update={"kind": b})})
-             .model_dump(mode="json") for t in TEAMS for b in BACKENDS}
-    event_data = {"layout": plan_doc.get("layout"), "step_s": plan_doc.get("time", {}).get("step_s")}
-    layout = layout_line(plan_doc)  # the list-view columns create_job fills
+    specs = {(t, b): TrainingSpec.model_validate({**TINY, "team": t, "backend": {"kind": b}}).model_dump(mode="json")
+             for t in TEAMS for b in BACKENDS}
+    event_data = {"layout": plan_doc["layout"], "step_s": planned.time.step_s}
+    layout = planned.layout.short()  # the list-view columns create_job fills
+    # The documents are already JSON: insert them past the typed columns, which would re-validate each row.
+    job_rows = table("jobs", *(column(c.name) for c in Job.__table__.columns if c.name not in ("spec", "plan")),
+                     column("spec", JSON()), column("plan", JSON()))
     t0 = datetime.now(UTC) - timedelta(seconds=n_jobs * 30)
     for lo in range(1, n_jobs + 1, BATCH):
         hi = min(lo + BATCH, n_jobs + 1)
@@ -145,7 +149,7 @@ def seed(url: str, n_jobs: int, rng: random.Random) -> Seeded:
             events.append({"job_id": job_id, "at": created, "actor": "admin:seed", "kind": "job.queued",
                            "message": "planned and queued", "data": event_data})
         with engine.begin() as conn:
-            conn.execute(insert(Job), jobs)
+            conn.execute(insert(job_rows), jobs)
             conn.execute(insert(Event), events)
     with engine.begin() as conn:
         conn.execute(text("SELECT setval(pg_get_serial_sequence('jobs', 'id'), :n)"), {"n": max(n_jobs, 1)})
@@ -153,9 +157,9 @@ def seed(url: str, n_jobs: int, rng: random.Random) -> Seeded:
         conn.execute(text("VACUUM ANALYZE"))
         db_bytes = int(conn.execute(text("SELECT pg_database_size(current_database())")).scalar_one())
     with make_sessionmaker(engine).begin() as session:
-        _, admin_token = create_token(session, role="admin", name="bench admin")
+        _, admin_token = create_token(session, role=Role.ADMIN, name="bench admin")
         member_team = session.scalars(select(Team).where(Team.name == MEMBER_TEAM)).one()
-        _, member_token = create_token(session, role="member", team=member_team, name="bench member")
+        _, member_token = create_token(session, role=Role.MEMBER, team=member_team, name="bench member")
     engine.dispose()
     return Seeded(n_jobs, time.perf_counter() - start, admin_token, member_token, db_bytes)
 

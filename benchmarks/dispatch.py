@@ -24,8 +24,20 @@ from typing import Any
 
 import submitit
 
-from workers.backends.base import Handle, LaunchRequest, RunState, attempt_name
+from service.planner import Plan, plan
+from service.spec import TrainingSpec
+from workers.backends.base import Handle, RunState
 from workers.backends.slurm import SlurmBackend
+from workers.dispatcher import build_request
+
+#: A one-process CPU spec; the benchmark replaces its command and world (it measures Slurm, not training).
+TINY: dict[str, Any] = {"name": "bench", "model": {"preset": "llama-tiny"},
+                        "training": {"global_batch": 2, "precision": "fp32", "steps": 1},
+                        "resources": {"gpu": "cpu", "gpus_per_node": 1, "nodes": 1}}
+
+
+def _plan() -> Plan:
+    return plan(TrainingSpec.model_validate(TINY))
 
 POLL_S = 0.05
 
@@ -35,10 +47,11 @@ def _sleep(seconds: float) -> None:
 
 
 def shardctl_latency(backend: SlurmBackend, job_id: int, partition: str) -> float:
-    req = LaunchRequest(job_id=job_id, attempt=1, name=attempt_name(job_id, 1), nodes=2, procs_per_node=1,
-                        gpus_per_proc=0, command=["python", "-c", "import time; time.sleep(30)"], plan={},
-                        spec={"backend": {"kind": "slurm", "partition": partition, "time_limit": "00:05:00"}},
-                        team="bench")
+    spec = TrainingSpec.model_validate({**TINY, "backend": {"kind": "slurm", "partition": partition,
+                                                            "time_limit": "00:05:00"}})
+    req = build_request(job_id, 1, plan=_plan(), spec=spec, team="bench", token=None, api_url=None)
+    req = req.model_copy(update={"nodes": 2, "procs_per_node": 1,
+                                 "command": ["python", "-c", "import time; time.sleep(30)"]})
     start = time.perf_counter()
     handle = backend.submit(req)
     while backend.poll([handle])[handle.name].state != RunState.RUNNING:

@@ -17,7 +17,6 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_val
 from service.names import Label
 
 
-
 class BackendKind(StrEnum):
     LOCAL = "local"
     SLURM = "slurm"
@@ -94,10 +93,10 @@ class Toleration(_Options):
     operator: Literal["Exists", "Equal"] | None = None
     value: str | None = Field(None, max_length=63)
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    tolerationSeconds: int | None = Field(None, ge=0)  # noqa: N815 (the Kubernetes field name)
+    tolerationSeconds: int | None = Field(None, ge=0)
 
     def as_k8s(self) -> dict[str, Any]:
-        return self.model_dump(exclude_none=True, exclude={"kind"})
+        return self.model_dump(exclude_none=True)
 
 
 class KubernetesOptions(_Options):

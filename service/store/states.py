@@ -20,7 +20,6 @@ from sqlalchemy.orm import Session
 from service.store.models import Event, Job, utcnow
 from service.store.vocab import EventKind, JobStatus
 
-
 S = JobStatus
 TERMINAL: frozenset[JobStatus] = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED})
 ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from service.store.models import ApiToken, Team, as_utc, utcnow
 from service.store.vocab import Role
+
 TOKEN_PREFIX = "shc"
 
 

@@ -48,8 +48,8 @@ class Case:
 
 
 def make_case(tmp: Path, lay: Layout, *, precision: str = "fp32", steps: int = 4, gpu: str = "cpu") -> Case:
-    """A plan for `lay` (the plan alone is what the runtime runs). `gpu` names the hardware the plan is made for; the runtime still
-    runs on CPU (the planner refuses fp16 for `gpu: cpu`, so fp16 cases plan for a GPU)."""
+    """A plan for `lay` (the plan alone is what the runtime runs). `gpu` names the hardware the plan is
+    made for; the runtime still runs on CPU (the planner refuses fp16 for `gpu: cpu`, so fp16 cases plan for a GPU)."""
     world = lay.world_size
     gb = lay.dp * lay.micro_batch * lay.grad_accum_steps
     spec = TrainingSpec.model_validate(spec_dict(world, global_batch=gb, precision=precision, steps=steps,

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from service.jobenv import JobEnv, MeasurementKind
 from service.planner import plan
 from service.planner.models import resolve_model
 from service.spec import ModelSpec, TrainingSpec
 from tests.runtime.harness import ROOT, TINY_MODEL, env, layout, make_case, report, spec_dict
 from workers.runtime import Decoder, UnsupportedLayout
-from service.jobenv import JobEnv, MeasurementKind
 from workers.runtime.__main__ import _plan
 from workers.runtime.config import PlanNotRunnable, RunOptions, resolve_run
 from workers.runtime.data import global_batch, local_batch

@@ -18,7 +18,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.api.deps import Caller, Db, Reporter
 from service.api.errors import ApiError
 from service.api.routers.jobs import ERRORS, JobId
-
 from service.profiles import ProfileSummary, TraceError, analyze_traces
 from service.store.jobs import add_measurement, visible_job
 from service.store.models import Job, Measurement
@@ -138,6 +137,7 @@ def _analyse(db: sessionmaker[Session], principal: Principal, job_id: int, paths
 def get_profiles(job_id: JobId, principal: Caller, db: Db) -> list[ProfileOut]:
     with db.begin() as session:
         job = visible_job(session, principal, job_id)
-        rows = session.scalars(select(Measurement).where(Measurement.job_id == job.id, Measurement.kind == MeasurementKind.PROFILE)
+        rows = session.scalars(select(Measurement)
+                               .where(Measurement.job_id == job.id, Measurement.kind == MeasurementKind.PROFILE)
                                .order_by(Measurement.id.desc()))
         return [ProfileOut(at=r.at, summary=r.data) for r in rows]
