@@ -26,5 +26,7 @@ echo "== ruff"
 .venv/bin/ruff check .
 echo "== mypy"
 .venv/bin/mypy
+echo "== import contracts (pyproject.toml [tool.importlinter])"
+.venv/bin/lint-imports --no-cache
 echo "== pytest"
 exec .venv/bin/pytest "$@"

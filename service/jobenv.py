@@ -25,6 +25,7 @@ PLAN = "SHARDCTL_PLAN_JSON"
 OUT_DIR = "SHARDCTL_OUT_DIR"
 API_URL = "SHARDCTL_URL"
 TOKEN = "SHARDCTL_JOB_TOKEN"  # the one secret: backends keep it out of previews and in their secret stores
+LOG_LEVEL = "SHARDCTL_LOG"  # optional, set by hand: the runtime's log level (default INFO)
 
 NAMES = (JOB_ID, ATTEMPT, PLAN, OUT_DIR, API_URL, TOKEN)
 REVEAL_KEY = "reveal_secrets"

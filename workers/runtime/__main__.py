@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from service.jobenv import OUT_DIR, PLAN, JobEnv, JobEnvError
+from service.jobenv import LOG_LEVEL, OUT_DIR, PLAN, JobEnv, JobEnvError
 from service.planner import Plan
 from workers.runtime.config import PlanNotRunnable, RunOptions, load_plan
 
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(2)
         args.out = Path(os.environ[OUT_DIR])
     args.out.mkdir(parents=True, exist_ok=True)
-    logging.basicConfig(level=os.environ.get("SHARDCTL_LOG", "INFO"),
+    logging.basicConfig(level=os.environ.get(LOG_LEVEL, "INFO"),
                         format=f"[rank {os.environ.get('RANK', '0')}] %(levelname)s %(name)s: %(message)s")
     opts = RunOptions(seed=args.seed, lr=args.lr, steps=args.steps, timeout_s=args.timeout_s,
                       checkpoint_every=args.checkpoint_every, stop_after=args.stop_after,
