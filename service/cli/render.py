@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from service.planner import FieldProblem, Plan
+from service.spec import field_path
 
 GIB = 1024**3
 
@@ -123,7 +124,8 @@ def plan_line(plan: Plan) -> str:
 def pydantic_problems(exc: pydantic.ValidationError, prefix: tuple[str, ...] = ()) -> list[FieldProblem]:
     """pydantic's errors as `FieldProblem`s: a dotted field path and a message (no documentation links)."""
     return [
-        FieldProblem(loc=prefix + tuple(str(part) for part in e["loc"]), message=e["msg"].removeprefix("Value error, "))
+        FieldProblem(loc=prefix + tuple(field_path(tuple(e["loc"])).split(".")),
+                     message=e["msg"].removeprefix("Value error, "))
         for e in exc.errors()
     ]
 
