@@ -6,6 +6,7 @@ the cluster tests skip with the reason, except under CI, where they fail.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import time
@@ -14,7 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import SecretStr
 
+from service.backend_options import SlurmOptions
+from service.jobenv import JobEnv
+from service.planner.result import Plan
 from workers.backends.base import Handle, LaunchRequest, Observation, RunState, attempt_name
 from workers.backends.slurm import SlurmBackend
 
@@ -53,12 +58,24 @@ def unique_job_id() -> int:
     return next(_ids)
 
 
-def launch_request(command: list[str], *, nodes: int = 2, procs_per_node: int = 1, **options: Any) -> LaunchRequest:
+@functools.cache
+def tiny_plan() -> Plan:
+    """A real plan (the tiny spec's), planned once: the job contract ships it to every rank."""
+    from service.planner.planning import plan
+    from service.spec import TrainingSpec
+    from tests.specs import tiny
+
+    return plan(TrainingSpec.model_validate(tiny()))
+
+
+def launch_request(command: list[str], *, nodes: int = 2, procs_per_node: int = 1, token: str = "test-job-token",
+                   **options: Any) -> LaunchRequest:
+    """Attempt 1 of a fresh job id on the Slurm backend; `options` are `SlurmOptions` fields."""
     job_id = unique_job_id()
-    return LaunchRequest(job_id=job_id, attempt=1, name=attempt_name(job_id, 1), nodes=nodes,
-                         procs_per_node=procs_per_node, gpus_per_proc=0, command=command,
-                         env={"SHARDCTL_TEST": "1"}, plan={"test": True},
-                         spec={"backend": {"kind": "slurm", **options}}, team="default")
+    return LaunchRequest(job=JobEnv(job_id=job_id, attempt=1, plan=tiny_plan(), token=SecretStr(token)),
+                         name=attempt_name(job_id, 1), team="default", nodes=nodes, procs_per_node=procs_per_node,
+                         gpus_per_proc=0, command=command, user_env={"SHARDCTL_TEST": "1"},
+                         options=SlurmOptions(kind="slurm", **options))
 
 
 def py(code: str) -> list[str]:
@@ -115,6 +132,7 @@ def api_time_limit_job(backend: SlurmBackend, tmp_path_factory: pytest.TempPathF
     from service.store import migrate
     from service.store.db import make_engine, make_sessionmaker
     from service.store.tokens import create_token
+    from service.store.vocab import Role
     from tests.specs import tiny
     from workers.dispatcher import Dispatcher, DispatcherConfig
 
@@ -124,7 +142,7 @@ def api_time_limit_job(backend: SlurmBackend, tmp_path_factory: pytest.TempPathF
     engine = make_engine(url)
     sessions = make_sessionmaker(engine)
     with sessions.begin() as session:
-        _, token = create_token(session, role="admin")
+        _, token = create_token(session, role=Role.ADMIN)
     headers = {"Authorization": f"Bearer {token}"}
     spec = tiny(resources={"gpus_per_node": 1}, backend={"kind": "slurm", "partition": URGENT,
                                                          "time_limit": "00:01:00"},
@@ -147,4 +165,5 @@ def _start_time_limit_job_early(request: pytest.FixtureRequest) -> None:
         request.getfixturevalue("api_time_limit_job")
 
 
-__all__ = ["TERMINAL", "URGENT", "launch_request", "py", "sacct_count_by_name", "sacct_states", "wait_for"]
+__all__ = ["TERMINAL", "URGENT", "launch_request", "py", "sacct_count_by_name", "sacct_states", "tiny_plan",
+           "wait_for"]

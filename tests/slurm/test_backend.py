@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import pickle
 import subprocess
 import time
 from collections import Counter
@@ -12,62 +13,154 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import cloudpickle  # type: ignore[import-untyped]
 import pytest
+import submitit
+from pydantic import SecretStr, ValidationError
+from submitit.core.utils import FailedJobError
 
-from tests.slurm.conftest import TERMINAL, URGENT, launch_request, py, sacct_count_by_name, sacct_states, wait_for
-from workers.backends.base import Backend, BackendUnavailable, Handle, LaunchRequest, Observation, RunState
-from workers.backends.slurm import SlurmBackend, SlurmObservation, expand_nodelist, time_limit_minutes
+from service.backend_options import LocalOptions, SlurmOptions, time_limit_minutes
+from service.jobenv import PLAN, TOKEN, JobEnv
+from tests.slurm.conftest import (
+    TERMINAL,
+    URGENT,
+    launch_request,
+    py,
+    sacct_count_by_name,
+    sacct_states,
+    tiny_plan,
+    wait_for,
+)
+from workers.backends.base import (
+    Backend,
+    BackendUnavailable,
+    Handle,
+    LaunchRequest,
+    Observation,
+    RunState,
+    SubmissionRefused,
+    TransientBackendError,
+)
+from workers.backends.slurm import SlurmBackend, SlurmObservation
+from workers.backends.slurm.launcher import FIRST_HOST, NodeLauncher
+from workers.backends.slurm.logs import log_files
+from workers.backends.slurm.nodelist import expand_nodelist
 
 GOLDEN = Path(__file__).parent / "golden" / "render.json"
+SECRETS = ("job-token-42-3", "hunter2")
 
 
 def golden_request() -> LaunchRequest:
     return LaunchRequest(
-        job_id=42, attempt=3, name="shardctl-42-3", nodes=2, procs_per_node=4, gpus_per_proc=1,
-        command=["python", "-m", "workers.runtime"], env={"SHARDCTL_JOB_ID": "42"}, plan={"layout": {"dp": 8}},
-        spec={"backend": {"kind": "slurm", "partition": "gpu", "account": "ml", "qos": "high",
-                          "time_limit": "1-02:00:30", "sbatch": ["--exclusive", "--constraint=h100"]}},
-        team="vision")
+        job=JobEnv(job_id=42, attempt=3, plan=tiny_plan(), api_url="https://shardctl.example:8443",
+                   token=SecretStr(SECRETS[0])),
+        name="shardctl-42-3", team="vision", nodes=2, procs_per_node=4, gpus_per_proc=1,
+        command=["python", "-m", "workers.runtime"], user_env={"WANDB_MODE": "offline", "DB_PASSWORD": SECRETS[1]},
+        options=SlurmOptions(kind="slurm", partition="gpu", account="ml", qos="high", time_limit="1-02:00:30",
+                             sbatch=["--exclusive", "--constraint=h100"]))
+
+
+def golden_backend(calls: list[list[str]] | None = None) -> SlurmBackend:
+    return SlurmBackend(folder=Path("/srv/shardctl/slurm"), python="/opt/shardctl/bin/python",
+                        runner=lambda args, **kw: (calls if calls is not None else []).append(args))  # type: ignore
 
 
 # -- no cluster needed -----------------------------------------------------------------------------
 
 def test_render_matches_the_golden_file_and_submits_nothing() -> None:
     calls: list[list[str]] = []
-    backend = SlurmBackend(folder=Path("/srv/shardctl/slurm"), python="/opt/shardctl/bin/python",
-                           runner=lambda args, **kw: calls.append(args))  # type: ignore[arg-type]
+    backend = golden_backend(calls)
     rendered = backend.render(golden_request())
     assert isinstance(backend, Backend)
     assert rendered.backend == "slurm" and rendered.name == "shardctl-42-3"
     assert json.loads(rendered.model_dump_json()) == json.loads(GOLDEN.read_text())
-    assert calls == []
+    assert calls == [] and backend.calls == Counter()
     script = rendered.content["sbatch_script"]
     for line in ("#SBATCH --job-name=shardctl-42-3", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1",
                  "#SBATCH --gpus-per-node=4", "#SBATCH --cpus-per-task=4", "#SBATCH --partition=gpu",
                  "#SBATCH --account=ml", "#SBATCH --qos=high", "#SBATCH --time=1561", "#SBATCH --exclusive",
-                 "#SBATCH --constraint=h100"):
+                 "#SBATCH --constraint=h100", "#SBATCH --chdir=/srv/shardctl/slurm/shardctl-42-3"):
         assert line in script.splitlines()
-    assert "--rdzv-endpoint=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n1):" in " ".join(
-        rendered.content["per_node_command"])
+    assert f"--rdzv-endpoint={FIRST_HOST}:" in " ".join(rendered.content["launch"]["command"])
 
 
-def test_cpu_jobs_ask_for_no_gpus_and_options_are_validated() -> None:
+def test_render_is_the_submission_with_its_secrets_redacted_and_its_plan_left_out() -> None:
+    """One path: `render` serialises the very object `submit` sends; only the serialisation hides things."""
+    backend, req = golden_backend(), golden_request()
+    submission = backend.submission(req)
+    rendered = backend.render(req).content
+    assert rendered == submission.model_dump(mode="json")
+    text = json.dumps(rendered)
+    assert not any(secret in text for secret in SECRETS) and PLAN not in text
+    assert rendered["launch"]["secrets"] == {TOKEN: "<redacted>", "DB_PASSWORD": "<redacted>"}
+    # what the nodes get: everything the request says a rank gets, secrets and plan included
+    sent = submission.launch.environment({"PATH": "/usr/bin"})
+    assert {k: sent[k] for k in req.environment(out_dir="/srv/shardctl/slurm/shardctl-42-3/out")} == \
+        req.environment(out_dir="/srv/shardctl/slurm/shardctl-42-3/out")
+    assert sent[TOKEN] == SECRETS[0] and sent["DB_PASSWORD"] == SECRETS[1]
+    assert JobEnv.from_environ(sent).plan == req.plan
+    assert sent["PATH"] == "/opt/shardctl/bin:/usr/bin"
+    assert set(sent) == {*req.environment(), "SHARDCTL_OUT_DIR", "PATH"}  # nothing else, no SHARDCTL_PLAN_FILE
+    # ... and they survive submitit's pickle (cloudpickle), which is how they travel
+    launcher = pickle.loads(cloudpickle.dumps(NodeLauncher(submission.launch)))
+    assert launcher.launch.environment({})[TOKEN] == SECRETS[0]
+    endpoints = [arg for arg in launcher.launch.command_on("node7") if arg.startswith("--rdzv-endpoint=")]
+    assert endpoints == [f"--rdzv-endpoint=node7:{submission.launch.rdzv_port}"]
+
+
+def test_cpu_jobs_ask_for_no_gpus_and_sbatch_flags_replace_or_add() -> None:
     backend = SlurmBackend(folder=Path("/srv/x"))
     req = launch_request(py("pass"), procs_per_node=2)
-    params = backend.parameters(req)
+    params = backend.submission(req).parameters
     assert "gpus_per_node" not in params and params["cpus_per_task"] == 2 and params["time"] == 60
-    with pytest.raises(ValueError, match="long form"):
-        backend.parameters(launch_request(py("pass"), sbatch=["-x node1"]))
-    with pytest.raises(ValueError, match="sets --nodes itself"):
-        backend.parameters(launch_request(py("pass"), sbatch=["--nodes=3"]))
-    req = launch_request(py("pass"), sbatch=["--cpus-per-task=3", "--mem=4G", "--foo=x"])
-    overridden = backend.parameters(req)
-    assert overridden["cpus_per_task"] == 3 and overridden["mem"] == "4G"
-    assert overridden["additional_parameters"] == {"foo": "x", "chdir": str(backend.folder / req.name)}
+    req = launch_request(py("pass"), sbatch=["--cpus-per-task=3", "--mem=4G", "--foo-bar=x", "--exclusive"])
+    submission = backend.submission(req)
+    assert submission.parameters["cpus_per_task"] == 3
+    assert submission.parameters["additional_parameters"] == {
+        "mem": "4G", "foo_bar": "x", "exclusive": True, "chdir": str(backend.folder / req.name)}
+    lines = submission.sbatch_script.splitlines()
+    for line in ("#SBATCH --cpus-per-task=3", "#SBATCH --mem=4G", "#SBATCH --foo-bar=x", "#SBATCH --exclusive"):
+        assert lines.count(line) == 1, line
+    assert sum(line.startswith("#SBATCH --cpus-per-task") for line in lines) == 1
+
+
+def test_options_are_checked_before_the_backend_and_other_kinds_are_refused() -> None:
+    """The API validates `SlurmOptions` at submit; the backend only refuses another backend's options."""
+    with pytest.raises(ValidationError, match="long form"):
+        SlurmOptions(kind="slurm", sbatch=["-x node1"])
+    with pytest.raises(ValidationError, match="sets --nodes itself"):
+        SlurmOptions(kind="slurm", sbatch=["--nodes=3"])
+    backend = SlurmBackend(folder=Path("/srv/x"))
+    req = launch_request(py("pass")).model_copy(update={"options": LocalOptions()})
+    for call in (backend.render, backend.submit):
+        with pytest.raises(SubmissionRefused, match="got local options"):
+            call(req)
+    with pytest.raises(ValueError, match="time limit"):
+        SlurmBackend(folder=Path("/srv/x"), default_time_limit="1h")
     assert time_limit_minutes("00:01:00") == 1 and time_limit_minutes("2-00:00") == 2880
     assert expand_nodelist("node[1-2],gpu[007-009,12],login") == [
         "node1", "node2", "gpu007", "gpu008", "gpu009", "gpu12", "login"]
     assert expand_nodelist("None assigned") == []
+
+
+@pytest.mark.parametrize(("stderr", "error"), [
+    ("sbatch: error: Batch job submission failed: Invalid partition name specified", SubmissionRefused),
+    ("sbatch: error: Batch job submission failed: Resource temporarily unavailable", TransientBackendError),
+    ("sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)",
+     BackendUnavailable),
+])
+def test_sbatch_failures_map_to_the_three_backend_errors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                         stderr: str, error: type[Exception]) -> None:
+    """What sbatch says, through submitit's FailedJobError (its stderr), decides which of the three it is."""
+    def refuse(self: submitit.SlurmExecutor, fn: Any) -> Any:
+        raise FailedJobError(stderr)
+
+    monkeypatch.setattr(submitit.SlurmExecutor, "affinity", classmethod(lambda cls: 2))  # no srun needed
+    monkeypatch.setattr(submitit.SlurmExecutor, "submit", refuse)
+    backend = SlurmBackend(folder=tmp_path)
+    with pytest.raises(error, match=stderr.split(": ")[-1].split(" (")[0]):
+        backend.submit(launch_request(py("pass")))
+    assert backend.calls == {"sbatch": 1}
 
 
 def test_an_unreachable_controller_raises_backend_unavailable(tmp_path: Path) -> None:
@@ -87,22 +180,33 @@ def test_an_unreachable_controller_raises_backend_unavailable(tmp_path: Path) ->
 
 # -- against the cluster ----------------------------------------------------------------------------
 
+def node_logs(backend: SlurmBackend, handle: Handle) -> str:
+    return "\n".join(p.read_text() for p in log_files(backend.job_folder(handle.name), handle.backend_id))
+
+
 def test_a_two_node_job_succeeds_and_reports_both_nodes(backend: SlurmBackend) -> None:
-    code = ("import os; print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], 'node',"
-            " os.environ['SLURMD_NODENAME'], os.path.exists(os.environ['SHARDCTL_PLAN_FILE']), flush=True)")
-    handle = backend.submit(launch_request(py(code), nodes=2, procs_per_node=2))
+    code = ("import os; from service.jobenv import JobEnv; e = JobEnv.from_environ(os.environ); print('rank',"
+            " os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], 'node', os.environ['SLURMD_NODENAME'], 'job',"
+            " e.job_id, e.token is not None and e.token.get_secret_value() == 'test-job' + '-token',"
+            " e.plan.name, e.out_dir, flush=True)")
+    req = launch_request(py(code), nodes=2, procs_per_node=2)
+    handle = backend.submit(req)
     assert handle.backend_id and handle.backend_id.isdigit()
+    # sbatch got exactly the script the dry run shows
+    folder = backend.job_folder(req.name)
+    assert (folder / f"{handle.backend_id}_submission.sh").read_text() == backend.render(req).content["sbatch_script"]
     running = wait_for(backend, handle, lambda o: o.state != RunState.PENDING)
     obs = wait_for(backend, handle, lambda o: o.state in TERMINAL)
     assert obs.state == RunState.SUCCEEDED, obs
     assert obs.exit_code == 0 and obs.nodes == ["node1", "node2"]
     assert running.state in (RunState.RUNNING, RunState.SUCCEEDED)
-    lines = "\n".join(backend.logs(handle, rank=0)) + "\n".join(backend.logs(handle, rank=3))
+    lines = node_logs(backend, handle)
     for rank in range(4):
         assert f"rank {rank} of 4" in lines
-    assert "node node1 True" in lines and "node node2 True" in lines
+    contract = f"job {req.job_id} True {tiny_plan().name} {folder / 'out'}"
+    assert f"node node1 {contract}" in lines and f"node node2 {contract}" in lines
+    assert "test-job-token" not in lines  # the launcher does not print the environment
     assert sacct_states(handle.backend_id) == ["COMPLETED"]
-
 
 
 def sacct_nodelist(job_id: str | None) -> str:
@@ -125,7 +229,7 @@ def test_the_lagging_moments_of_a_finished_job_read_as_running_on_all_its_nodes(
     def replay(sacct: Callable[[str], str], squeue: Callable[[str], str]) -> Observation:
         def runner(args: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
             real = subprocess.run(args, **kw)
-            out = {"sacct": sacct, "squeue": squeue}.get(args[0], lambda o: o)(real.stdout)
+            out = {"sacct": sacct, "squeue": squeue}.get(args[0], str)(real.stdout)
             return subprocess.CompletedProcess(args, real.returncode, out, real.stderr)
 
         return SlurmBackend(folder=backend.folder, runner=runner).poll([handle])[handle.name]
@@ -164,6 +268,11 @@ def test_cancel_is_idempotent_and_sacct_agrees(backend: SlurmBackend) -> None:
     backend.cancel(handle)  # again: a finished job is fine
     backend.cancel(Handle(name="shardctl-0-0", backend_id="99999999"))  # unknown id: fine too
     assert handle.backend_id is not None and sacct_states(handle.backend_id) == ["CANCELLED"]
+
+
+def test_sbatch_refusing_a_request_is_a_submission_refused(backend: SlurmBackend) -> None:
+    with pytest.raises(SubmissionRefused, match=r"(?i)invalid partition"):
+        backend.submit(launch_request(py("pass"), nodes=1, partition="no-such-partition"))
 
 
 def test_find_adopts_by_name_and_cancel_works_by_name(backend: SlurmBackend) -> None:

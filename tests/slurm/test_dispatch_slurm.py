@@ -65,9 +65,8 @@ def events(env: Env, job_id: int, admin: dict[str, str]) -> list[dict[str, Any]]
 
 def test_a_two_node_runtime_job_succeeds_with_both_nodes_in_its_attempt(
         env: Env, admin: dict[str, str], live: str, partition: str, tmp_path: Path) -> None:
-    # The runtime's CLI takes --plan/--out; the backend ships the plan file and out dir in the environment.
-    runtime = ["bash", "-c", 'exec python -m workers.runtime --plan "$SHARDCTL_PLAN_FILE" --out "$SHARDCTL_OUT_DIR"'
-               " --no-profile --timeout-s 120"]
+    # The runtime reads the job contract (service.jobenv): the plan and the out dir come in the environment.
+    runtime = ["python", "-m", "workers.runtime", "--no-profile", "--timeout-s", "120"]
     job_id = env.client.post("/v1/jobs", json=slurm_job(partition, runtime), headers=admin).json()["id"]
     job = drive(env, make_dispatcher(env, tmp_path / "slurm", partition, api_url=live), job_id, admin, timeout=300)
     assert job["status"] == "SUCCEEDED", events(env, job_id, admin)[-1]

@@ -1,0 +1,127 @@
+"""Reading sacct and squeue, and merging the two into one current record per job.
+
+sacct (slurmdbd) keeps the history: requeued runs, exit codes, jobs long gone from the controller.
+squeue (slurmctld) is the present, but forgets a job MinJobAge after it ends. Accounting lags the
+controller by up to seconds, in three ways, none of which may give a verdict early or lose a node:
+
+- a job that ended before sacct recorded it reads RUNNING until sacct has its exit code (only a
+  cancellation is taken from squeue alone);
+- sacct first records a just-finished multi-node job on its batch host alone while `NNodes` already
+  says how many nodes it had: such a record also asks squeue, whose list is complete then;
+- while a job completes, squeue drops each node that has finished its epilog: the longer list wins.
+
+Everything here is pure: the CLI arguments to run, and functions of their output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from workers.backends.slurm.nodelist import fuller, nodes_complete
+from workers.backends.slurm.states import LIVE, state_word
+
+#: One job's record, keyed by these sacct field names (squeue's records are given the same keys).
+Record = Mapping[str, str]
+SACCT_FIELDS = ("JobIDRaw", "JobName", "State", "ExitCode", "NodeList", "Reason", "WorkDir", "NNodes")
+#: squeue's columns, in the order of SACCT_FIELDS minus ExitCode (squeue has none): id, name, state,
+#: nodes, reason, working directory, node count
+SQUEUE_FORMAT = "%i|%j|%T|%N|%r|%Z|%D"
+
+
+def sacct_args(*, ids: Sequence[str] = (), names: Sequence[str] = (), window: str = "now-30days") -> list[str]:
+    """One `sacct` for every record (requeued runs included, `--duplicates`) of these job ids, or when
+    `names` is given of every job with one of these names since `window` (sacct without `-j` only
+    searches since midnight unless told)."""
+    args = ["sacct", "-n", "-P", "-X", "--duplicates", "-o", ",".join(SACCT_FIELDS)]
+    if names:
+        return [*args, "-S", window, "-E", "now", "--name", ",".join(names)]
+    return [*args, "-j", ",".join(ids)]
+
+
+def squeue_args(names: Sequence[str]) -> list[str]:
+    """One `squeue` for the jobs with these names, in any state the controller still holds."""
+    return ["squeue", "-h", "-t", "all", "-n", ",".join(names), "-o", SQUEUE_FORMAT]
+
+
+def find_args(name: str, *, accounted: bool, window: str = "now-30days") -> list[str]:
+    """`id|workdir` lines of the jobs named `name`: from squeue, or (`accounted`) from sacct."""
+    if accounted:
+        return ["sacct", "-n", "-P", "-X", "-S", window, "-E", "now", "--name", name, "-o", "JobIDRaw,WorkDir"]
+    return ["squeue", "-h", "-t", "all", "-n", name, "-o", "%i|%Z"]
+
+
+def parse_sacct(output: str) -> dict[str, list[dict[str, str]]]:
+    """`sacct_args` output -> job id -> its records, oldest first. Malformed lines are skipped."""
+    records: dict[str, list[dict[str, str]]] = {}
+    for line in output.splitlines():
+        fields = line.split("|")
+        if len(fields) == len(SACCT_FIELDS):
+            rec = dict(zip(SACCT_FIELDS, fields, strict=True))
+            records.setdefault(rec["JobIDRaw"], []).append(rec)
+    return records
+
+
+def parse_squeue(output: str) -> dict[str, dict[str, str]]:
+    """`squeue_args` output -> job name -> the newest job of that name, as a sacct-shaped record
+    (`ExitCode` "0:0": squeue does not know it)."""
+    live: dict[str, dict[str, str]] = {}
+    for line in output.splitlines():
+        job_id, name, state, nodelist, reason, workdir, count = (line.split("|") + [""] * 7)[:7]
+        if job_id.isdigit() and (name not in live or int(job_id) > int(live[name]["JobIDRaw"])):
+            live[name] = {"JobIDRaw": job_id, "JobName": name, "State": state, "ExitCode": "0:0",
+                          "NodeList": nodelist, "Reason": reason, "WorkDir": workdir, "NNodes": count}
+    return live
+
+
+def ids_in(output: str, workdir: str) -> list[int]:
+    """Job ids from `find_args` output whose working directory is `workdir`."""
+    ids = []
+    for line in output.splitlines():
+        job_id, _, wd = line.partition("|")
+        if job_id.strip().isdigit() and wd.strip() == workdir:
+            ids.append(int(job_id))
+    return ids
+
+
+def newest_named(records: Mapping[str, Sequence[Record]], name: str, workdir: str) -> str | None:
+    """The newest job id among `records` named `name` that ran in `workdir`; None if there is none."""
+    ids = [int(job_id) for job_id, recs in records.items()
+           if recs[-1]["JobName"] == name and recs[-1]["WorkDir"] == workdir]
+    return str(max(ids)) if ids else None
+
+
+def lags(accounted: Sequence[Record] | None) -> bool:
+    """Whether squeue may know better: sacct has no record yet, shows the job not finished, or lists
+    fewer nodes than the job had."""
+    return not accounted or state_word(accounted[-1]["State"]) in LIVE or not nodes_complete(accounted[-1])
+
+
+def belongs(current: Record, job_id: str | None, workdir: str) -> bool:
+    """squeue's record is the job asked about: the same id, or, the id unknown, run in `workdir`."""
+    return current["JobIDRaw"] == job_id if job_id is not None else current["WorkDir"] == workdir
+
+
+def merge(accounted: Sequence[Record] | None, current: Record | None) -> list[Record] | None:
+    """sacct's records of one job (oldest first) with squeue's current record of it -> the records to
+    observe (`states.observe`), or None when neither knows the job. sacct keeps the history and the
+    exit code; squeue's state wins while the job is live, and the fuller node list wins."""
+    if accounted:
+        *history, last = accounted
+        if current is None:
+            return [*history, last]
+        if current["State"] in LIVE:  # fresher than sacct
+            return [*history, {**last, "State": current["State"],
+                               "NodeList": fuller(last["NodeList"], current["NodeList"])}]
+        if not nodes_complete(last):
+            return [*history, {**last, "NodeList": fuller(last["NodeList"], current["NodeList"])}]
+        if last["State"] == "PENDING" and current["State"] != "CANCELLED":
+            # it ran and ended; sacct has not caught up: RUNNING until sacct has its exit code
+            return [*history, {**last, "State": "RUNNING", "NodeList": current["NodeList"]}]
+        return [*history, last]
+    if current is None:
+        return None
+    if current["State"] not in LIVE and current["State"] != "CANCELLED":
+        # ended before sacct ever saw it: its exit code and node list are sacct's to give
+        return [{**current, "State": "RUNNING"}]
+    return [current]
+
