@@ -9,6 +9,8 @@ import platformdirs
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.backend_options import BackendKind
+
 
 class Settings(BaseSettings):
     """The service's settings. SQLite under `data_dir` unless `database_url` names another database."""
@@ -27,6 +29,10 @@ class Settings(BaseSettings):
     dispatcher_batch: int = 16
     max_attempts: int = 3
     retry_backoff_s: float = 5.0
+    backends: list[BackendKind] | None = Field(
+        None, description="The backend kinds this installation's dispatchers run (SHARDCTL_BACKENDS='[\"slurm\"]')."
+        " A spec for another is refused at submit. Default: those this host can run (local; slurm when sbatch"
+        " is on PATH; kubernetes with a kubeconfig). Set it when the API and the dispatchers run on different hosts.")
     kubeconfig: Path | None = None
     kubernetes_namespace: str = "default"
     kubernetes_namespaces: list[str] = Field(default_factory=list, description="Other namespaces specs may name.")

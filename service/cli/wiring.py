@@ -74,10 +74,12 @@ def make_dispatcher(settings: Settings, sessions: Sessions, backends: Mapping[st
 
 
 def make_app(settings: Settings, sessions: Sessions, backends: Mapping[str, Backend], public_url: str) -> FastAPI:
-    """The API on `sessions`' engine, told which backends the dispatcher has and how to preview what
-    it would send them (`POST /v1/plans`, `shardctl submit --dry-run`)."""
+    """The API on `sessions`' engine, told which backends the installation runs (`settings.backends`
+    when set, else those built here) and how to preview what they would be sent (`POST /v1/plans`,
+    `shardctl submit --dry-run`)."""
     from service.api.app import create_app
     from workers.dispatcher import launch_preview
 
+    configured = [str(kind) for kind in settings.backends] if settings.backends is not None else sorted(backends)
     return create_app(settings, engine=sessions.kw["bind"], launch_preview=launch_preview(backends, public_url),
-                      configured_backends=sorted(backends))
+                      configured_backends=configured)

@@ -51,3 +51,13 @@ def test_wiring_builds_store_admin_backends_dispatcher_and_app(tmp_path: Path) -
     assert app.state.launch_preview is not None
     assert app.state.configured_backends == frozenset(backends)
     sessions.kw["bind"].dispose()
+
+
+def test_an_api_apart_from_its_dispatchers_takes_the_backends_from_settings(tmp_path: Path) -> None:
+    """An API pod has no sbatch on PATH; SHARDCTL_BACKENDS says what the installation's workers run."""
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'shardctl.db'}", data_dir=tmp_path,
+                        backends=["slurm"])
+    sessions = wiring.open_store(settings)
+    app = wiring.make_app(settings, sessions, wiring.make_backends(settings), public_url="http://127.0.0.1:1")
+    assert app.state.configured_backends == frozenset({"slurm"})
+    sessions.kw["bind"].dispose()
