@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from service.planner.hardware import Cluster
@@ -87,9 +89,8 @@ def mesh_problems(shape: ModelShape, cluster: Cluster, global_batch: int, dp: in
     """Why (dp, tp, pp, cp) cannot run this model on this cluster: (field, message) pairs, empty if valid."""
     problems: list[tuple[str, str]] = []
     world = cluster.world_size
-    if dp * tp * pp * cp != world:
-        problems.append(("dp", f"dp*tp*pp*cp = {dp}*{tp}*{pp}*{cp} = {dp * tp * pp * cp}, but the resources"
-                               f" give {world} GPUs; the product must equal the GPU count"))
+    if problem := product_problem({"dp": dp, "tp": tp, "pp": pp, "cp": cp}, world):
+        problems.append(("dp", problem))
     if shape.heads % tp or shape.kv_heads % tp:
         problems.append(("tp", f"tp={tp} must divide heads ({shape.heads}) and kv_heads ({shape.kv_heads})"))
     if shape.ffn_hidden % tp:
@@ -103,6 +104,31 @@ def mesh_problems(shape: ModelShape, cluster: Cluster, global_batch: int, dp: in
     if global_batch % dp:
         problems.append(("dp", f"training.global_batch ({global_batch}) must be divisible by dp ({dp})"))
     return problems
+
+
+def product_problem(degrees: Mapping[str, int], world: int) -> str | None:
+    """What is wrong with the product of some parallel degrees (dp, tp, pp, cp, in that order), or None.
+
+    All four must multiply to the GPU count; fewer must multiply to a divisor of it, which leaves
+    the unset degrees a whole number of GPUs. The message names the degrees and the fix.
+    """
+    product = math.prod(degrees.values())
+    names = list(degrees)
+    named = "*".join(names)
+    stated = f"{named} = {'*'.join(str(v) for v in degrees.values())} = {product}"
+    if len(names) == 4:
+        if product == world:
+            return None
+        rest = product // degrees["dp"]
+        fix = f"set dp={world // rest}, or give the job {product} GPUs" if world % rest == 0 else (
+            f"change the pins so that they multiply to {world}, or give the job {product} GPUs")
+        return f"{stated}, but the resources give {world} GPUs; the product must equal the GPU count: {fix}"
+    if world % product == 0:
+        return None
+    either = ", ".join(names[:-1]) + f" or {names[-1]}"
+    wrong, fix = ("is more than", "lower") if product > world else ("does not divide", "change")
+    return (f"{stated} {wrong} the {world} GPUs of the resources; {fix} {either} so that {named}"
+            f" divides {world}, or give the job a multiple of {product} GPUs")
 
 
 def divisors(n: int) -> list[int]:

@@ -15,10 +15,18 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from service.planner.errors import FieldProblem, InvalidSpec
 from service.planner.hardware import Cluster, resolve_cluster
-from service.planner.layout import CHECKPOINT_RANK, FULLY_SHARDED, OFFLOAD_RANK, Layout, divisors, mesh_problems
+from service.planner.layout import (
+    FULLY_SHARDED,
+    OFFLOAD_RANK,
+    Layout,
+    divisors,
+    mesh_problems,
+    product_problem,
+)
 from service.planner.memory import (
     ActivationMemory,
     Memory,
@@ -31,7 +39,16 @@ from service.planner.memory import (
 )
 from service.planner.models import ModelShape, resolve_model
 from service.planner.timing import ForwardTimes, StepTime, forward_times, step_time
-from service.spec import Checkpointing, LayoutPins, Optimizer, Precision, TrainingSpec
+from service.spec import (
+    Checkpointing,
+    LayoutPins,
+    Offload,
+    Optimizer,
+    PipelineSchedule,
+    Precision,
+    Sharding,
+    TrainingSpec,
+)
 
 TIME_BUCKET = math.log(1.002)
 MAX_ALTERNATIVES = 5
@@ -69,6 +86,34 @@ class Context:
     @property
     def global_batch(self) -> int:
         return self.spec.training.global_batch
+
+
+class Mesh(NamedTuple):
+    """The four parallel degrees; their product is the GPU count."""
+
+    dp: int
+    tp: int
+    pp: int
+    cp: int
+
+
+class Base(NamedTuple):
+    """The fields of a layout that the outer loops of the search fix; `layout()` adds the rest."""
+
+    mesh: Mesh
+    sharding: Sharding
+    dp_shard: int
+    sequence_parallel: bool
+
+    def layout(self, *, micro_batch: int = 1, grad_accum_steps: int = 1,
+               activation_checkpointing: Checkpointing = "none", pipeline_schedule: PipelineSchedule | None = None,
+               virtual_stages: int = 1, offload: Offload = "none") -> Layout:
+        """The complete layout. The search builds tens of thousands, so `Layout` is called with its
+        fields in declaration order, each named by its local: keywords through a class call cost a
+        dict per call (about 0.7 us, 5% of a search). tests/planner/test_search.py checks the order."""
+        (dp, tp, pp, cp), sharding, dp_shard, sequence_parallel = self
+        return Layout(dp, tp, pp, cp, sharding, dp_shard, sequence_parallel, micro_batch, grad_accum_steps,
+                      activation_checkpointing, pipeline_schedule, virtual_stages, offload)
 
 
 @dataclass(slots=True)
@@ -156,10 +201,15 @@ def _pin_problems(pins: LayoutPins, shape: ModelShape, cluster: Cluster, batch: 
     def bad(name: str, message: str) -> None:
         out.append(FieldProblem(loc=("layout", name), message=message))
 
+    degrees: dict[str, int] = {}
     for name in ("dp", "tp", "pp", "cp"):
         value = getattr(pins, name)
-        if value is not None and world % value:
-            bad(name, f"{name}={value} must divide the {world} GPUs of the resources")
+        if value is None:
+            continue
+        degrees[name] = value
+        if world % value:
+            bad(name, f"{name}={value} must divide the {world} GPUs of the resources; use one of"
+                      f" {', '.join(str(d) for d in divisors(world))}, or change the GPU count")
     if pins.tp is not None and (shape.heads % pins.tp or shape.kv_heads % pins.tp or shape.ffn_hidden % pins.tp):
         bad("tp", f"tp={pins.tp} must divide heads ({shape.heads}), kv_heads ({shape.kv_heads}) and"
                   f" ffn_hidden ({shape.ffn_hidden}); allowed: "
@@ -171,10 +221,13 @@ def _pin_problems(pins: LayoutPins, shape: ModelShape, cluster: Cluster, batch: 
             bad("cp", f"cp={pins.cp} needs seq_len ({shape.seq_len}) divisible by 2*cp")
         if attention == "eager":
             bad("cp", "context parallelism needs training.attention: flash")
-    pinned = [pins.dp, pins.tp, pins.pp, pins.cp]
-    if all(v is not None for v in pinned) and math.prod(pinned) != world:  # type: ignore[arg-type]
-        bad("dp", f"dp*tp*pp*cp = {'*'.join(str(v) for v in pinned)} = {math.prod(pinned)}"  # type: ignore[arg-type]
-                  f" but the resources give {world} GPUs")
+    # Pins that each divide the GPU count can still multiply past it (tp=8, pp=8 on 8 GPUs). All four
+    # pinned must multiply to it exactly, and dp is the one to change; fewer are at fault together.
+    each_divides = not any(world % v for v in degrees.values())
+    if len(degrees) == 4 or (len(degrees) > 1 and each_divides):
+        problem = product_problem(degrees, world)
+        if problem:
+            out.append(FieldProblem(loc=("layout", "dp") if len(degrees) == 4 else ("layout",), message=problem))
     if pins.dp is not None and batch % pins.dp:
         bad("dp", f"training.global_batch ({batch}) must be divisible by dp ({pins.dp})")
     if pins.micro_batch is not None:
@@ -199,7 +252,7 @@ def _tp_ok(shape: ModelShape, tp: int) -> bool:
     return not (shape.heads % tp or shape.kv_heads % tp or shape.ffn_hidden % tp)
 
 
-def _meshes(ctx: Context, pins: LayoutPins, result: SearchResult) -> Iterator[tuple[int, int, int, int]]:
+def _meshes(ctx: Context, pins: LayoutPins, result: SearchResult) -> Iterator[Mesh]:
     world = ctx.cluster.world_size
     for tp in divisors(world):
         if pins.tp is not None and tp != pins.tp:
@@ -219,18 +272,19 @@ def _meshes(ctx: Context, pins: LayoutPins, result: SearchResult) -> Iterator[tu
                     reason = problems[0][1].split(" must ")[0].split(" needs ")[0]
                     result.invalid_reasons[reason] = result.invalid_reasons.get(reason, 0) + 1
                     continue
-                yield dp, tp, pp, cp
+                yield Mesh(dp=dp, tp=tp, pp=pp, cp=cp)
 
 
-def _shardings(ctx: Context, pins: LayoutPins, dp: int, tp: int, cp: int) -> list[tuple[str, int]]:
+def _shardings(ctx: Context, pins: LayoutPins, dp: int, tp: int, cp: int) -> list[tuple[Sharding, int]]:
     """(sharding, dp_shard) options for a mesh."""
+    names: list[Sharding]
     if pins.sharding is not None:
         names = [pins.sharding]
     elif dp * cp == 1:
         names = ["ddp"]
     else:
         names = ["ddp", "zero1", "zero2", "fsdp", "hsdp"]
-    out: list[tuple[str, int]] = []
+    out: list[tuple[Sharding, int]] = []
     for name in names:
         if name == "ddp":
             out.append((name, 1))
@@ -243,13 +297,14 @@ def _shardings(ctx: Context, pins: LayoutPins, dp: int, tp: int, cp: int) -> lis
     return out
 
 
-def _schedules(ctx: Context, pins: LayoutPins, pp: int, m: int) -> list[tuple[str | None, int]]:
+def _schedules(ctx: Context, pins: LayoutPins, pp: int, m: int) -> list[tuple[PipelineSchedule | None, int]]:
+    """(pipeline_schedule, virtual_stages) options for `pp` stages and `m` micro-batches."""
     if pp == 1:
         return [(None, 1)]
     if m < pp:
         return []
-    names = [pins.pipeline_schedule] if pins.pipeline_schedule else ["1f1b", "interleaved"]
-    out: list[tuple[str | None, int]] = []
+    names: list[PipelineSchedule] = [pins.pipeline_schedule] if pins.pipeline_schedule else ["1f1b", "interleaved"]
+    out: list[tuple[PipelineSchedule | None, int]] = []
     for name in names:
         if name != "interleaved":
             out.append((name, 1))
@@ -276,12 +331,16 @@ def _evaluate(ctx: Context, layout: Layout) -> Candidate:
     return cand
 
 
-def _offloads(pins: LayoutPins, sharding: str) -> list[str]:
+def _offloads(pins: LayoutPins, sharding: Sharding) -> list[Offload]:
     """Offload options, least offload first."""
     if pins.offload:
         return [pins.offload]
-    return ["none"] + (["optimizer"] if sharding != "ddp" else []) + (
-        ["params"] if sharding in FULLY_SHARDED else [])
+    out: list[Offload] = ["none"]
+    if sharding != "ddp":
+        out.append("optimizer")
+    if sharding in FULLY_SHARDED:
+        out.append("params")
+    return out
 
 
 def search(ctx: Context, pins: LayoutPins | None = None, *, timed: bool = True,
@@ -292,18 +351,23 @@ def search(ctx: Context, pins: LayoutPins | None = None, *, timed: bool = True,
     that fit. Bounds, all exact: model states alone over the limit (no micro-batch fits); the
     most offload at a checkpointing level does not fit (no less offload does); a micro-batch with
     nothing fitting (no larger one fits, except under GPipe).
+
+    The loops, outermost first: mesh, sharding, sequence parallelism (together a `Base`), then
+    micro-batch, pipeline schedule, activation checkpointing and offload.
     """
     pins = pins if pins is not None else ctx.spec.layout
     result = SearchResult()
     batch = ctx.global_batch
     limit = ctx.limit
+    host_limit = ctx.cluster.cpu_memory_gib * 2**30
     forwards: dict[tuple[int, ...], ForwardTimes] = {}
     activations: dict[tuple[object, ...], ActivationMemory] = {}
     ckpt_pin = pins.activation_checkpointing or ctx.spec.checkpointing_pin
     # Under flash attention nothing quadratic is stored, so `selective` equals `none`: not searched.
     ckpts: list[Checkpointing] = [ckpt_pin] if ckpt_pin else (
         ["none", "selective", "full"] if ctx.attention == "eager" else ["none", "full"])
-    for dp, tp, pp, cp in _meshes(ctx, pins, result):
+    for mesh in _meshes(ctx, pins, result):
+        dp, tp, pp, cp = mesh
         sp_options = [pins.sequence_parallel] if pins.sequence_parallel is not None else [tp > 1]
         per_replica = batch // dp
         mbs = [b for b in divisors(per_replica) if pins.micro_batch in (None, b)]
@@ -314,36 +378,39 @@ def search(ctx: Context, pins: LayoutPins | None = None, *, timed: bool = True,
             for sp in sp_options:
                 if sp and tp == 1:
                     continue
-                statics: dict[str, StaticMemory] = {}
+                base = Base(mesh=mesh, sharding=sharding, dp_shard=dp_shard, sequence_parallel=sp)
+                # Model states per offload option; those that alone exceed the GPU or the host are left out.
+                statics: dict[Offload, StaticMemory] = {}
                 for off in _offloads(pins, sharding):
-                    probe = Layout(dp, tp, pp, cp, sharding, dp_shard, sp, 1, 1, "none", None, 1, off)  # type: ignore[arg-type]
-                    static = static_memory(ctx.shape, ctx.cluster, probe, precision=ctx.precision,
+                    static = static_memory(ctx.shape, ctx.cluster, base.layout(offload=off), precision=ctx.precision,
                                            optimizer=ctx.optimizer)
                     result.evaluated += 1
-                    cpu = max(static.cpu_per_node_first, static.cpu_per_node_last)
-                    if static.floor > limit or cpu > ctx.cluster.cpu_memory_gib * 2**30:
-                        # States alone exceed the GPU (or the host): no micro-batch fits.
-                        result.out_of_memory += len(mbs) * len(ckpts)
-                        if not result.fitting and static.floor / limit < result.closest_ratio:
-                            b, m = mbs[0], per_replica // mbs[0]
-                            for schedule, v in _schedules(ctx, pins, pp, m)[:1]:
-                                fields = (dp, tp, pp, cp, sharding, dp_shard, sp, b, m, ckpts[-1], schedule, v, off)
-                                lean = activation_memory(ctx.shape, Layout(*fields), precision=ctx.precision,  # type: ignore[arg-type]
-                                                         attention=ctx.attention)
-                                _track_closest(ctx, result, static, lean, fields)
+                    if static.floor <= limit and max(static.cpu_per_node_first, static.cpu_per_node_last) <= host_limit:
+                        statics[off] = static
                         continue
-                    statics[off] = static
+                    # States alone exceed the GPU (or the host): no micro-batch fits.
+                    result.out_of_memory += len(mbs) * len(ckpts)
+                    if not result.fitting and static.floor / limit < result.closest_ratio:
+                        b, m = mbs[0], per_replica // mbs[0]
+                        for schedule, v in _schedules(ctx, pins, pp, m)[:1]:
+                            lean = base.layout(micro_batch=b, grad_accum_steps=m, activation_checkpointing=ckpts[-1],
+                                               pipeline_schedule=schedule, virtual_stages=v, offload=off)
+                            lean_acts = activation_memory(ctx.shape, lean, precision=ctx.precision,
+                                                          attention=ctx.attention)
+                            _track_closest(ctx, result, static, lean_acts, lean)
                 if not statics:
                     continue
                 offs = list(statics)
+                thrift = statics[offs[-1]]  # the most offload: if it does not fit, nothing does
                 for b in mbs:
                     m = per_replica // b
                     schedules = _schedules(ctx, pins, pp, m)
                     if not schedules:
                         result.invalid += 1
                         continue
+                    fwd: ForwardTimes | None = None  # looked up once per micro-batch, when first needed
                     if timed and result.best is not None:
-                        fwd = _forward(ctx, forwards, dp, tp, pp, cp, sp, b)
+                        fwd = _forward(ctx, forwards, base, b)
                         least_bubble = (pp - 1) / max(v for _, v in schedules) if pp > 1 else 0.0
                         floor = (m + least_bubble) * 3 * (fwd.layers * fwd.layer_f + fwd.head_f)
                         if floor > PRUNE_FACTOR * result.best.step_s:
@@ -354,53 +421,63 @@ def search(ctx: Context, pins: LayoutPins | None = None, *, timed: bool = True,
                             continue
                     any_fit_at_b = False
                     for schedule, v in schedules:
-                        fitted: list[tuple[int, int]] = []
+                        # Checkpointing only grows in this loop and offload in the one inside it, so a variant
+                        # is dominated once a variant with no more offload has fitted at this schedule.
+                        least_fitted_offload = len(OFFLOAD_RANK)
                         for ckpt in ckpts:
                             akey = (tp, cp, pp, sp, b, m, schedule, v, ckpt)
                             acts = activations.get(akey)
                             if acts is None:
-                                shape_only = Layout(dp, tp, pp, cp, sharding, dp_shard, sp, b, m, ckpt,  # type: ignore[arg-type]
-                                                    schedule, v, "none")  # type: ignore[arg-type]
+                                shape_only = base.layout(micro_batch=b, grad_accum_steps=m,
+                                                         activation_checkpointing=ckpt, pipeline_schedule=schedule,
+                                                         virtual_stages=v)
                                 acts = activations[akey] = activation_memory(
                                     ctx.shape, shape_only, precision=ctx.precision, attention=ctx.attention)
-                            thrift = statics[offs[-1]]
                             if combined_total(thrift, acts, pp) > limit:
                                 result.evaluated += 1
                                 result.out_of_memory += len(offs)
                                 if not result.fitting:
-                                    _track_closest(ctx, result, thrift, acts, (
-                                        dp, tp, pp, cp, sharding, dp_shard, sp, b, m, ckpt, schedule, v, offs[-1]))
+                                    _track_closest(ctx, result, thrift, acts, base.layout(
+                                        micro_batch=b, grad_accum_steps=m, activation_checkpointing=ckpt,
+                                        pipeline_schedule=schedule, virtual_stages=v, offload=offs[-1]))
                                 continue
                             for off in offs:
-                                rank = (CHECKPOINT_RANK[ckpt], OFFLOAD_RANK[off])
-                                if any(c <= rank[0] and o <= rank[1] for c, o in fitted):
+                                if OFFLOAD_RANK[off] >= least_fitted_offload:
                                     result.dominated += 1
                                     continue
                                 static = statics[off]
                                 result.evaluated += 1
-                                fields = (dp, tp, pp, cp, sharding, dp_shard, sp, b, m, ckpt, schedule, v, off)
                                 total = combined_total(static, acts, pp)
                                 if total > limit:
                                     result.out_of_memory += 1
                                     if not result.fitting:
-                                        _track_closest(ctx, result, static, acts, fields)
+                                        _track_closest(ctx, result, static, acts, base.layout(
+                                            micro_batch=b, grad_accum_steps=m, activation_checkpointing=ckpt,
+                                            pipeline_schedule=schedule, virtual_stages=v, offload=off))
                                     continue
-                                fitted.append(rank)
+                                least_fitted_offload = OFFLOAD_RANK[off]
                                 any_fit_at_b = True
                                 result.fitting += 1
-                                layout = Layout(*fields)  # type: ignore[arg-type]
-                                cand = Candidate(layout=layout, fits=True, total=total, parts=(static, acts))
                                 if stop_at_first_fit:
-                                    result.best = cand
+                                    layout = base.layout(micro_batch=b, grad_accum_steps=m,
+                                                         activation_checkpointing=ckpt, pipeline_schedule=schedule,
+                                                         virtual_stages=v, offload=off)
+                                    result.best = Candidate(layout=layout, fits=True, total=total, parts=(static, acts))
                                     return result
                                 if not timed:
                                     continue
-                                fwd = _forward(ctx, forwards, dp, tp, pp, cp, sp, b)
-                                if result.best is not None and _time_floor(fwd, layout, ctx.attention) > (
-                                        PRUNE_FACTOR * result.best.step_s):
-                                    for dim in DIMENSIONS:
-                                        result.pruned_dimensions.add((dim, getattr(layout, dim)))
+                                if fwd is None:
+                                    fwd = _forward(ctx, forwards, base, b)
+                                if result.best is not None and _time_floor(
+                                        fwd, ckpt, ctx.attention, grad_accum_steps=m, pp=pp, virtual_stages=v,
+                                ) > PRUNE_FACTOR * result.best.step_s:
+                                    # Too slow to be chosen or shown: not timed further.
+                                    result.pruned_dimensions.update(
+                                        zip(DIMENSIONS, (tp, pp, cp, sharding, ckpt, off), strict=True))
                                     continue
+                                layout = base.layout(micro_batch=b, grad_accum_steps=m, activation_checkpointing=ckpt,
+                                                     pipeline_schedule=schedule, virtual_stages=v, offload=off)
+                                cand = Candidate(layout=layout, fits=True, total=total, parts=(static, acts))
                                 _rank(ctx, cand, result, fwd, static)
                     if not any_fit_at_b and not pins.micro_batch and pins.pipeline_schedule != "gpipe":
                         # Activations only grow with the micro-batch: larger ones cannot fit either.
@@ -410,36 +487,39 @@ def search(ctx: Context, pins: LayoutPins | None = None, *, timed: bool = True,
     return result
 
 
-def _forward(ctx: Context, cache: dict[tuple[int, ...], ForwardTimes], dp: int, tp: int, pp: int, cp: int,
-             sp: bool, b: int) -> ForwardTimes:
+def _forward(ctx: Context, cache: dict[tuple[int, ...], ForwardTimes], base: Base, b: int) -> ForwardTimes:
+    """Forward times at micro-batch `b`: they depend only on tp, cp, pp, b and sequence parallelism."""
+    _, tp, pp, cp = base.mesh
+    sp = base.sequence_parallel
     key = (tp, cp, pp, b, sp)
     fwd = cache.get(key)
     if fwd is None:
-        probe = Layout(dp, tp, pp, cp, "ddp", 1, sp, b, 1, "none", None, 1, "none")
+        probe = Base(mesh=base.mesh, sharding="ddp", dp_shard=1, sequence_parallel=sp).layout(micro_batch=b)
         fwd = cache[key] = forward_times(ctx.shape, ctx.cluster, probe, precision=ctx.precision,
                                          attention=ctx.attention)
     return fwd
 
 
 def _track_closest(ctx: Context, result: SearchResult, static: StaticMemory, acts: ActivationMemory,
-                   fields: tuple[object, ...]) -> None:
+                   layout: Layout) -> None:
+    """Keep `layout` (which does not fit) as the closest to fitting if its memory pressure is the lowest yet."""
     cpu = max(static.cpu_per_node_first, static.cpu_per_node_last) / (ctx.cluster.cpu_memory_gib * 2**30)
-    pressure = max(combined_total(static, acts, int(fields[2])) / ctx.limit, cpu)  # type: ignore[call-overload]
+    pressure = max(combined_total(static, acts, layout.pp) / ctx.limit, cpu)
     if pressure < result.closest_ratio:
-        mem = combine(static, acts, int(fields[2]))  # type: ignore[call-overload]
-        result.closest = Candidate.of(Layout(*fields), mem, False)  # type: ignore[arg-type]
+        result.closest = Candidate.of(layout, combine(static, acts, layout.pp), False)
         result.closest_ratio = pressure
 
 
-def _time_floor(fwd: ForwardTimes, layout: Layout, attention: str) -> float:
+def _time_floor(fwd: ForwardTimes, ckpt: Checkpointing, attention: str, *, grad_accum_steps: int, pp: int,
+                virtual_stages: int) -> float:
     """A lower bound of the step time: compute, recompute and bubble, without communication."""
     per_mb = 3 * (fwd.layers * fwd.layer_f + fwd.head_f)
-    if layout.activation_checkpointing == "full":
+    if ckpt == "full":
         per_mb += fwd.layers * fwd.layer_f
-    elif layout.activation_checkpointing == "selective" and attention == "eager":
+    elif ckpt == "selective" and attention == "eager":
         per_mb += fwd.layers * fwd.attn_f
-    bubble = (layout.pp - 1) / layout.virtual_stages if layout.pp > 1 else 0.0
-    return (layout.grad_accum_steps + bubble) * per_mb
+    bubble = (pp - 1) / virtual_stages if pp > 1 else 0.0
+    return (grad_accum_steps + bubble) * per_mb
 
 
 def _rank(ctx: Context, cand: Candidate, result: SearchResult, forward: ForwardTimes,

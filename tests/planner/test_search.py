@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
 
 from service.planner import InvalidSpec, Layout, estimate, plan
 from service.planner.layout import divisors
+from service.planner.search import Base, Mesh
 from tests.conftest import make_spec
 
 # A 170M-parameter Llama on 2 nodes x 2 CPU processes with 3 GiB per process: DDP's 16 bytes per
@@ -199,3 +201,63 @@ def test_plan_json_has_the_contract_fields() -> None:
     assert set(data["rejected"]) >= {"invalid", "out_of_memory", "slower"}
     assert {"rubric", "alternatives", "warnings", "fits"} <= set(data)
     assert all(isinstance(data["memory"][k], int) for k in ("params", "total", "gpu_memory"))
+
+
+def test_pins_that_multiply_past_the_gpu_count_say_so_and_name_the_fix() -> None:
+    # Each of tp=8 and pp=8 divides the 8 GPUs, but together they need 64: once reported as "no valid layout".
+    with pytest.raises(InvalidSpec) as info:
+        plan(make_spec(layout={"tp": 8, "pp": 8}))
+    [problem] = info.value.problems
+    assert problem.loc == ("layout",)
+    assert problem.message.startswith("tp*pp = 8*8 = 64 is more than the 8 GPUs of the resources;")
+    assert "lower tp or pp so that tp*pp divides 8" in problem.message
+    assert "or give the job a multiple of 64 GPUs" in problem.message
+
+
+@pytest.mark.parametrize(("pins", "resources", "needle"), [
+    ({"tp": 4, "pp": 2, "cp": 2}, {},
+     "tp*pp*cp = 4*2*2 = 16 is more than the 8 GPUs of the resources; lower tp, pp or cp"),
+    ({"dp": 4, "tp": 4}, {}, "dp*tp = 4*4 = 16 is more than the 8 GPUs"),
+    ({"tp": 4, "pp": 6}, {"gpus_per_node": 4, "nodes": 9},
+     "tp*pp = 4*6 = 24 does not divide the 36 GPUs of the resources; change tp or pp so that tp*pp divides 36"),
+])
+def test_pins_whose_product_does_not_divide_the_gpu_count_say_so(
+        pins: dict[str, int], resources: dict[str, int], needle: str) -> None:
+    with pytest.raises(InvalidSpec) as info:
+        plan(make_spec(layout=pins, resources=resources, training={"global_batch": 144}))
+    assert any(p.loc == ("layout",) and needle in p.message for p in info.value.problems), info.value
+
+
+def test_a_pin_that_does_not_divide_the_gpu_count_is_reported_once_with_the_choices() -> None:
+    with pytest.raises(InvalidSpec) as info:
+        plan(make_spec(layout={"tp": 3, "pp": 8}))
+    assert not any(p.loc == ("layout",) for p in info.value.problems)  # no second, product-level report
+    assert any(p.loc == ("layout", "tp") and "use one of 1, 2, 4, 8" in p.message for p in info.value.problems)
+
+
+def test_all_four_pins_name_the_dp_that_would_fit() -> None:
+    with pytest.raises(InvalidSpec) as info:
+        plan(make_spec(layout={"dp": 2, "tp": 2, "pp": 1, "cp": 1}))
+    assert any(p.loc == ("layout", "dp") and p.message.endswith("set dp=4, or give the job 4 GPUs")
+               for p in info.value.problems), info.value
+
+
+def test_pins_whose_product_divides_the_gpu_count_leave_the_rest_to_dp() -> None:
+    p = plan(make_spec(layout={"tp": 2, "pp": 2}))
+    assert (p.layout.dp, p.layout.tp, p.layout.pp, p.layout.cp) == (2, 2, 2, 1)
+
+
+def test_the_search_builds_layouts_field_by_field() -> None:
+    # Base.layout passes the fields to Layout by position (for speed): every field must land in its place.
+    base = Base(mesh=Mesh(dp=2, tp=3, pp=5, cp=7), sharding="hsdp", dp_shard=11, sequence_parallel=True)
+    built = base.layout(micro_batch=13, grad_accum_steps=17, activation_checkpointing="selective",
+                        pipeline_schedule="interleaved", virtual_stages=19, offload="optimizer")
+    assert built == Layout(dp=2, tp=3, pp=5, cp=7, sharding="hsdp", dp_shard=11, sequence_parallel=True,
+                           micro_batch=13, grad_accum_steps=17, activation_checkpointing="selective",
+                           pipeline_schedule="interleaved", virtual_stages=19, offload="optimizer")
+    assert [f.name for f in dataclasses.fields(Layout)] == [
+        "dp", "tp", "pp", "cp", "sharding", "dp_shard", "sequence_parallel", "micro_batch", "grad_accum_steps",
+        "activation_checkpointing", "pipeline_schedule", "virtual_stages", "offload"]
+    assert base.layout() == dataclasses.replace(built, micro_batch=1, grad_accum_steps=1,
+                                                activation_checkpointing="none", pipeline_schedule=None,
+                                                virtual_stages=1, offload="none")
