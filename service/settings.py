@@ -6,7 +6,7 @@ from functools import cached_property
 from pathlib import Path
 
 import platformdirs
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.backend_options import BackendKind
@@ -38,6 +38,13 @@ class Settings(BaseSettings):
     kubernetes_namespaces: list[str] = Field(default_factory=list, description="Other namespaces specs may name.")
     kubernetes_default_image: str | None = None
     kubernetes_queues: dict[str, str] = Field(default_factory=dict, description="team -> Kueue LocalQueue")
+    job_token_grace_s: float = Field(300.0, ge=0, description="How long a job's token keeps working after the job"
+                                     " ends (for its final report); then it expires.")
+    metrics_token: SecretStr | None = Field(
+        None, description="When set, /metrics needs 'Authorization: Bearer <this>' (or an admin token); unset,"
+        " /metrics is open.")
+    metrics_team_labels: bool = Field(False, description="Label /metrics series by team (names every team and"
+                                      " its job counts to whoever may scrape); off: totals only.")
 
     @cached_property
     def resolved_database_url(self) -> str:

@@ -5,8 +5,22 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from service.api.schemas import AttemptOut, EventOut, JobOut, JobSummary, MeasurementOut, TeamOut, TokenOut
+from service.spec import TrainingSpec
 from service.store.jobs import latest_measurements
 from service.store.models import ApiToken, Event, Job, Team
+
+#: What the API shows instead of a value of the spec's entrypoint.env (the backends' `REDACTED`).
+REDACTED = "<redacted>"
+
+
+def redacted_spec(spec: TrainingSpec) -> TrainingSpec:
+    """`spec` as responses show it: entrypoint.env is write-only, its names kept and every value
+    `<redacted>` (the env is where API keys and database URLs go; whoever submitted it has the file).
+    A copy: the stored spec is unchanged."""
+    entry = spec.entrypoint
+    if entry is None or not entry.env:
+        return spec
+    return spec.model_copy(update={"entrypoint": entry.model_copy(update={"env": dict.fromkeys(entry.env, REDACTED)})})
 
 
 def job_summary(job: Job) -> JobSummary:
@@ -20,7 +34,7 @@ def job_summary(job: Job) -> JobSummary:
 def job_out(session: Session, job: Job) -> JobOut:
     summary = job_summary(job)
     return JobOut(
-        **summary.model_dump(), spec=job.spec, plan=job.plan,
+        **summary.model_dump(), spec=redacted_spec(job.spec), plan=job.plan,
         attempts=[AttemptOut(number=a.number, backend_name=a.backend_name, backend_id=a.backend_id, nodes=a.nodes,
                              status=a.status, exit_code=a.exit_code, exit_reason=a.exit_reason,
                              created_at=a.created_at, finished_at=a.finished_at) for a in job.attempts],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -56,16 +57,29 @@ def read_config() -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def write_private_file(path: Path, text: str) -> Path:
+    """Write `text` to `path` atomically, the file readable by its owner only from the moment it exists:
+    a fresh temporary file is created 0600 (`os.open(..., 0o600)`, never chmod'ed afterwards), written,
+    then renamed over `path`. A missing folder is created 0700."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
 def write_config(**values: str) -> Path:
     """Merge `values` into the config file, readable by its owner only (it holds a token)."""
     path = config_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = {**read_config(), **values}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.chmod(0o600)
-    tmp.replace(path)
-    return path
+    return write_private_file(path, json.dumps({**read_config(), **values}, indent=2))
 
 
 def api_url() -> str:

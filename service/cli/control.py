@@ -81,16 +81,20 @@ def serve(host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0
           with_dispatcher: Annotated[bool, typer.Option(
               "--with-dispatcher", help="Also run the dispatcher in this process (the embedded default).")] = False,
           ) -> None:
-    """Migrate the database and run the API. On an empty database, print a first admin token once."""
+    """Migrate the database and run the API. On an empty database, create a first admin token and save
+    it in the CLI config file (mode 0600), whose path is printed."""
     import uvicorn
 
     settings = Settings()
     sessions = wiring.open_store(settings)
     url = f"http://{host}:{port}"
     if wiring.needs_first_admin(sessions):
+        # The token goes to the CLI config (created 0600), never to stderr: a server's stderr ends up in
+        # journals and log collectors that other people read.
         secret = wiring.bootstrap_admin(sessions, "first admin (serve)")
         path = write_config(url=url, token=secret)
-        err.print(f"[bold]First start: admin token (shown once, saved to {path}):[/]\n{secret}",
+        err.print(f"[bold]First start: an admin token was created and saved to {path}[/] (mode 0600; the"
+                  " CLI of this user on this machine uses it; read its \"token\" field to use it elsewhere)",
                   soft_wrap=True, highlight=False)
     err.print(f"shardctl API on {url} (database: {settings.resolved_database_url.split('@')[-1]})",
               soft_wrap=True, highlight=False)
@@ -213,8 +217,10 @@ def team_list(as_json: JsonOpt = False) -> None:
 def db_upgrade() -> None:
     """Apply every migration to the database SHARDCTL_DATABASE_URL names (default: the SQLite file)."""
     from service.store import migrate
+    from service.store.db import private_sqlite_file
 
     url = Settings().resolved_database_url
+    private_sqlite_file(url)  # a new SQLite file is created 0600 before the migrations open it
     migrate.upgrade(url)
     console.out(f"database at revision {migrate.current_revision(url)}")
 

@@ -28,10 +28,11 @@ Sessions = sessionmaker[Session]
 
 def open_store(settings: Settings) -> Sessions:
     """A sessionmaker on the database `settings` names, migrated first (one engine per process; the
-    engine is `sessions.kw["bind"]`)."""
+    engine is `sessions.kw["bind"]`). A SQLite file is created 0600 before the migrations open it."""
     from service.store import migrate
-    from service.store.db import make_engine, make_sessionmaker
+    from service.store.db import make_engine, make_sessionmaker, private_sqlite_file
 
+    private_sqlite_file(settings.resolved_database_url)
     migrate.upgrade(settings.resolved_database_url)
     return make_sessionmaker(make_engine(settings.resolved_database_url))
 
@@ -69,7 +70,8 @@ def make_dispatcher(settings: Settings, sessions: Sessions, backends: Mapping[st
 
     config = DispatcherConfig(lease_s=settings.dispatcher_lease_s, batch=settings.dispatcher_batch,
                               max_attempts=settings.max_attempts, retry_backoff_s=settings.retry_backoff_s,
-                              api_url=public_url or settings.public_url)
+                              api_url=public_url or settings.public_url,
+                              job_token_grace_s=settings.job_token_grace_s)
     return Dispatcher(sessions, backends, config)
 
 

@@ -2,10 +2,51 @@
 
 from __future__ import annotations
 
+import os
+import stat
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
+
+#: SQLite's own companions of a database file; it creates them with the database file's mode.
+SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file a SQLite URL names; None for another database or an in-memory one."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:" \
+            or parsed.database.startswith("file:"):
+        return None
+    return Path(parsed.database)
+
+
+def private_sqlite_file(url: str) -> Path | None:
+    """Make the SQLite database file that `url` names readable by its owner only, before anything opens it.
+
+    A new file is created empty with mode 0600 (`os.open(..., 0o600)`; SQLite gives its `-wal` and `-shm`
+    files the database file's mode) in a folder created 0700. A file this user owns that is already
+    there with group or other bits (an installation from before this rule) loses them. Other
+    databases: nothing to do. Returns the file, or None."""
+    path = sqlite_path(url)
+    if path is None:
+        return None
+    if not path.parent.exists():
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        for candidate in (path, *(path.with_name(path.name + side) for side in SQLITE_SIDE_FILES)):
+            try:
+                info = candidate.stat()
+            except FileNotFoundError:
+                continue
+            if info.st_uid == os.getuid() and info.st_mode & 0o077:
+                candidate.chmod(stat.S_IMODE(info.st_mode) & 0o700)
+    return path
 
 
 def make_engine(url: str) -> Engine:
@@ -14,8 +55,10 @@ def make_engine(url: str) -> Engine:
     SQLite: WAL journal, foreign keys on, a busy timeout so that concurrent writers wait instead of
     failing, and `BEGIN IMMEDIATE` for every transaction, reads included: each one takes the write
     lock, so on SQLite transactions run one at a time (PostgreSQL is the database for concurrency).
+    The SQLite file is created 0600 before the engine opens it (`private_sqlite_file`).
     """
     if url.startswith("sqlite"):
+        private_sqlite_file(url)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
         @event.listens_for(engine, "connect")

@@ -6,12 +6,13 @@ import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
-from service.store.models import ApiToken, Team, as_utc, utcnow
+from service.store.models import ApiToken, Job, Team, as_utc, utcnow
+from service.store.states import TERMINAL
 from service.store.vocab import Role
 
 TOKEN_PREFIX = "shc"
@@ -23,6 +24,10 @@ class NotFound(LookupError):
 
 class Conflict(ValueError):
     """The request contradicts what is stored (an existing name, a reused idempotency key...)."""
+
+
+class LastAdmin(Conflict):
+    """Revoking this token would leave no live admin token: nobody could administer the service."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,9 +134,12 @@ def token_by_id(session: Session, token_id: str) -> ApiToken:
 
 
 def revoke_token(session: Session, token_id: str) -> ApiToken:
-    """Revoke the token `token_id` names (its id or a unique prefix of it, see `token_by_id`); idempotent."""
+    """Revoke the token `token_id` names (its id or a unique prefix of it, see `token_by_id`); idempotent.
+    Raises `LastAdmin` rather than revoke the last live admin token."""
     row = token_by_id(session, token_id)
     if row.revoked_at is None:
+        if row.role == Role.ADMIN:
+            ensure_not_last_admin(session, row)
         row.revoked_at = utcnow()
     return row
 
@@ -140,6 +148,46 @@ def list_tokens(session: Session) -> list[ApiToken]:
     return list(session.scalars(select(ApiToken).where(ApiToken.role != Role.JOB).order_by(ApiToken.created_at)))
 
 
+def _live_admins(session: Session, *, lock: bool = False) -> list[str]:
+    """Ids of the admin tokens that work now (neither revoked nor expired). `lock` takes them
+    `FOR UPDATE` (PostgreSQL; SQLite's `BEGIN IMMEDIATE` already serialises writers), so that two
+    admins revoking each other's tokens at once cannot both succeed."""
+    stmt = select(ApiToken.id).where(ApiToken.role == Role.ADMIN, ApiToken.revoked_at.is_(None),
+                                     or_(ApiToken.expires_at.is_(None), ApiToken.expires_at > utcnow()))
+    return list(session.scalars(stmt.with_for_update() if lock else stmt))
+
+
+def ensure_not_last_admin(session: Session, row: ApiToken) -> None:
+    """Raise `LastAdmin` when `row` is the only live admin token."""
+    live = _live_admins(session, lock=True)
+    if live == [row.id]:
+        raise LastAdmin(f"token {row.id} is the last live admin token: revoking it would lock every admin out;"
+                        " create another admin token first (shardctl token create --role admin), then revoke"
+                        " this one")
+
+
 def has_admin(session: Session) -> bool:
-    return session.scalar(select(ApiToken.id).where(ApiToken.role == Role.ADMIN, ApiToken.revoked_at.is_(None))
-                          .limit(1)) is not None
+    """True while some admin token works (neither revoked nor expired)."""
+    return bool(_live_admins(session))
+
+
+def expire_job_tokens(session: Session, job_id: int, grace_s: float) -> None:
+    """Let the tokens of a job that has ended run out `grace_s` seconds from now (time for its final
+    report); a token that would expire sooner keeps its own time. In the caller's transaction, so that
+    it lands with the job's transition to its terminal state."""
+    until = utcnow() + timedelta(seconds=grace_s)
+    session.execute(update(ApiToken).where(
+        ApiToken.role == Role.JOB, ApiToken.job_id == job_id, ApiToken.revoked_at.is_(None),
+        or_(ApiToken.expires_at.is_(None), ApiToken.expires_at > until)).values(expires_at=until),
+        execution_options={"synchronize_session": False})
+
+
+def expire_tokens_of_ended_jobs(session: Session, grace_s: float) -> int:
+    """`expire_job_tokens` for every job that has ended with a job token still without an expiry (a
+    job the API ended, a QUEUED job cancelled after an earlier attempt); returns how many tokens."""
+    until = utcnow() + timedelta(seconds=grace_s)
+    result = session.execute(update(ApiToken).where(
+        ApiToken.role == Role.JOB, ApiToken.expires_at.is_(None), ApiToken.revoked_at.is_(None),
+        ApiToken.job_id.in_(select(Job.id).where(Job.status.in_(TERMINAL)))).values(expires_at=until),
+        execution_options={"synchronize_session": False})
+    return int(getattr(result, "rowcount", 0) or 0)

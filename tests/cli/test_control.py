@@ -138,7 +138,10 @@ def test_submit_example_through_the_api(cli) -> None:
     assert code == 0 and "QUEUED" in out
 
 
-def test_serve_on_an_empty_database_prints_a_first_admin_token(env: Env, tmp_path: Path) -> None:
+def test_serve_on_an_empty_database_saves_a_first_admin_token_and_prints_only_where(env: Env,
+                                                                                    tmp_path: Path) -> None:
+    """The first admin token goes to the CLI config (0600), whose path is printed; never the token
+    itself on stderr, which ends up in journals and log collectors."""
     import os
     import socket
     import subprocess
@@ -163,8 +166,9 @@ def test_serve_on_an_empty_database_prints_a_first_admin_token(env: Env, tmp_pat
             if not line:
                 break
             lines.append(line)
-        token = next(line.strip() for line in lines if line.startswith("shc_"))
-        assert json.loads(config.read_text())["token"] == token
+        token = json.loads(config.read_text())["token"]
+        assert token.startswith("shc_") and config.stat().st_mode & 0o777 == 0o600
+        assert str(config) in "".join(lines).replace("\n", "") and token not in "".join(lines)
         for _ in range(100):
             try:
                 who = httpx.get(f"http://127.0.0.1:{port}/v1/whoami", headers={"Authorization": f"Bearer {token}"})

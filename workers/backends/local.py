@@ -1,7 +1,10 @@
 """The embedded default backend: `torchrun` process groups on this machine.
 
 Each attempt lives in `<folder>/<name>/`: `request.json`, `state.json` (supervisor pid), one log per
-simulated node, the job's `out/` directory and, at the end, `exit.json`. A detached supervisor
+simulated node, the job's `out/` directory (its working folder), its own `home/` (HOME and the XDG
+folders point there, never at the server's) and, at the end, `exit.json`. All of it is created
+owner-only (folders 0700, files 0600): `request.json` holds the job token and the spec's env. Jobs
+run as the server's OS user: see docs/security.md for what that does and does not isolate. A detached supervisor
 (`local_supervisor`) owns the processes, so the service may restart without killing them, and the
 folder's atomic rename is the one claim on the name: the same name is never run twice.
 """
@@ -22,16 +25,22 @@ from pathlib import Path
 
 from service.jobenv import PLAN, REVEAL
 from workers.backends.base import (
-    REDACTED,
     Handle,
     LaunchRequest,
     Observation,
     Rendered,
     RunState,
     SubmissionRefused,
-    is_secret_env,
+    redact_env,
+    redact_strings,
 )
-from workers.backends.local_supervisor import job_environment, node_commands
+from workers.backends.local_supervisor import (
+    job_environment,
+    node_commands,
+    open_private_log,
+    supervisor_environment,
+    write_private,
+)
 
 LOG_TAIL_LINES = 30
 START_GRACE_S = 30.0
@@ -70,18 +79,18 @@ class LocalBackend:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     def _dir(self, name: str) -> Path:
         return self.folder / name
 
     def render(self, req: LaunchRequest) -> Rendered:
         """What `submit` starts: the folder, one command per simulated node and the environment they get
-        (secrets redacted; the plan, which is the job's stored plan, left out for length)."""
+        (secrets redacted by name and by value, `base.redact_env`; the plan, which is the job's stored
+        plan, left out for length)."""
         final = self._dir(req.name)
-        per_node = node_commands(req, "127.0.0.1:<free port>")
-        env = {k: (REDACTED if is_secret_env(k) else v) for k, v in job_environment(req, final).items()
-               if k != PLAN}
+        per_node = redact_strings(node_commands(req, "127.0.0.1:<free port>"))
+        env = redact_env({k: v for k, v in job_environment(req, final).items() if k != PLAN})
         return Rendered(backend=self.name, name=req.name, content={
             "folder": str(final), "nodes": req.nodes, "commands": per_node, "env": env})
 
@@ -92,11 +101,15 @@ class LocalBackend:
         if final.exists():
             return Handle(name=req.name, backend_id=req.name)
         tmp = self.folder / f".{req.name}.{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
-        (tmp / "request.json").write_text(req.model_dump_json(context=REVEAL))  # the supervisor runs the job
-        subprocess.Popen([sys.executable, "-m", "workers.backends.local_supervisor", str(tmp), str(final)],
-                         start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=open(self.folder / f".{req.name}.supervisor.log", "ab"))  # noqa: SIM115
+        tmp.mkdir(mode=0o700)  # owner only, whatever the umask: it holds the job token
+        write_private(tmp / "request.json", req.model_dump_json(context=REVEAL))  # the supervisor runs the job
+        log = open_private_log(self.folder / f".{req.name}.supervisor.log")
+        try:
+            subprocess.Popen([sys.executable, "-m", "workers.backends.local_supervisor", str(tmp), str(final)],
+                             start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=log, env=supervisor_environment())
+        finally:
+            os.close(log)
         deadline = time.monotonic() + START_GRACE_S
         while time.monotonic() < deadline:
             if final.exists():
@@ -153,7 +166,7 @@ class LocalBackend:
         folder = self._dir(handle.name)
         if not folder.exists() or (folder / "exit.json").exists():
             return
-        (folder / "cancel.flag").touch()
+        (folder / "cancel.flag").touch(mode=0o600)
         state_file = folder / "state.json"
         if state_file.exists():
             pgid = int(json.loads(state_file.read_text())["pgid"])

@@ -9,7 +9,7 @@ from service.api.errors import ApiError
 from service.api.schemas import ErrorField, ErrorResponse, TokenCreated, TokenIn, TokenOut, WhoAmI
 from service.api.views import token_out
 from service.store.models import Job, utcnow
-from service.store.tokens import create_token, list_tokens, revoke_token, team_by_name
+from service.store.tokens import LastAdmin, create_token, list_tokens, revoke_token, team_by_name
 
 router = APIRouter(tags=["tokens"])
 
@@ -45,9 +45,13 @@ def get_tokens(_: Admin, db: Db) -> list[TokenOut]:
              responses={404: {"model": ErrorResponse}, 409: {"model": ErrorResponse}})
 def revoke(token_id: str, _: Admin, db: Db) -> TokenOut:
     """Revoke a token (idempotent). `token_id` is its id or a unique prefix of it (4 characters at least);
-    a prefix that matches several tokens is a 409 naming them."""
-    with db.begin() as session:
-        return token_out(revoke_token(session, token_id))
+    a prefix that matches several tokens is a 409 naming them. Revoking the last live admin token is a
+    409 (`last_admin`): create another admin token first."""
+    try:
+        with db.begin() as session:
+            return token_out(revoke_token(session, token_id))
+    except LastAdmin as exc:
+        raise ApiError(409, "last_admin", str(exc)) from exc
 
 
 @router.get("/v1/whoami", response_model=WhoAmI)
