@@ -56,6 +56,7 @@ from workers.backends.base import (
     SubmissionRefused,
     TransientBackendError,
     attempt_name,
+    redact_strings,
     runtime_command,
 )
 
@@ -123,8 +124,8 @@ def launch_preview(backends: Mapping[str, Backend], api_url: str | None = None) 
             return None
         req = build_request(0, 1, plan=plan, spec=spec, team=spec.team or "default",
                             token="<job token, minted at submission>", api_url=api_url)
-        try:
-            return backend.render(req).model_dump(mode="json")
+        try:  # every backend's preview is redacted by value as well as by name
+            return dict(redact_strings(backend.render(req).model_dump(mode="json")))
         except SubmissionRefused as exc:
             raise ValueError(str(exc)) from exc
 

@@ -12,6 +12,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, pool
 
 import migrations
+from service.store.db import private_sqlite_file
 from service.store.models import Base
 
 MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
@@ -25,8 +26,8 @@ def alembic_config(url: str) -> Config:
 
 
 def _prepare(url: str) -> None:
-    if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    """A SQLite file is created private (0600 in a 0700 folder) before Alembic opens it."""
+    private_sqlite_file(url)
 
 
 def upgrade(url: str, revision: str = "head") -> None:

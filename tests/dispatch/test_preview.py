@@ -34,3 +34,15 @@ def test_plans_render_the_launch_request_when_a_dispatcher_is_wired(env: Env, tm
     assert shown["SHARDCTL_JOB_TOKEN"] == shown["DB_PASSWORD"] == "<redacted>" and shown["MODE"] == "a"
     assert other.status_code == 422 and "configured: local" in other.json()["error"]["message"]
     assert env.client.get("/v1/jobs", headers=admin).json()["items"] == []
+
+
+def test_every_backends_preview_redacts_credentials_by_value(tmp_path: Path) -> None:
+    from service.planner import plan
+    from service.spec import TrainingSpec
+    from workers.backends.slurm import SlurmBackend
+
+    spec = TrainingSpec.model_validate(tiny(backend={"kind": "slurm"}, entrypoint={
+        "command": ["python", "train.py"], "env": {"DATA_URL": "s3://reader:hunter2@bucket/x"}}))
+    preview = launch_preview({"slurm": SlurmBackend(folder=tmp_path / "slurm")}, "http://x")
+    shown = str(preview(spec, plan(spec)))
+    assert "hunter2" not in shown and "<redacted>" in shown
