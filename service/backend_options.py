@@ -35,6 +35,11 @@ class LocalOptions(_Options):
 
 _TIME_LIMIT = re.compile(r"^(?:(\d+)-)?(\d{1,2}):(\d{2})(?::(\d{2}))?$")
 _SBATCH_FLAG = re.compile(r"^--([a-z][a-z0-9-]*)(?:=(.*))?$", re.DOTALL)
+#: the longest Slurm time limit a spec may ask for (a day count of 309 digits overflowed the
+#: conversion to minutes: a 500)
+MAX_TIME_LIMIT_DAYS = 365
+#: the longest a Kubernetes toleration may outlast its taint: ten years (omit it to tolerate forever)
+MAX_TOLERATION_SECONDS = 10 * 365 * 24 * 3600
 #: sbatch flags the Slurm backend sets itself: a spec may not override them (it has fields for them)
 RESERVED_SBATCH_FLAGS = frozenset({"job-name", "nodes", "ntasks-per-node", "ntasks", "time", "output", "error",
                                    "signal", "open-mode", "partition", "account", "qos", "array", "wrap", "chdir"})
@@ -45,6 +50,9 @@ def time_limit_minutes(value: str) -> int:
     match = _TIME_LIMIT.match(value)
     if not match:
         raise ValueError(f"bad Slurm time limit {value!r}: use HH:MM[:SS] or D-HH:MM[:SS], e.g. 02:00:00")
+    if match.group(1) and (len(match.group(1)) > 3 or int(match.group(1)) > MAX_TIME_LIMIT_DAYS):
+        raise ValueError(f"Slurm time limit {value[:20]!r}: at most {MAX_TIME_LIMIT_DAYS} days (0-00:00 to"
+                         f" {MAX_TIME_LIMIT_DAYS}-00:00:00)")
     days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
     return max(1, math.ceil(((days * 24 + hours) * 60 + minutes) + seconds / 60))
 
@@ -64,7 +72,8 @@ class SlurmOptions(_Options):
     partition: str | None = Field(None, min_length=1, max_length=200)
     account: str | None = Field(None, min_length=1, max_length=200)
     qos: str | None = Field(None, min_length=1, max_length=200)
-    time_limit: str | None = Field(None, description="Slurm time limit, e.g. 02:00:00 or 1-12:00:00.")
+    time_limit: str | None = Field(None, max_length=32, description="Slurm time limit, e.g. 02:00:00 or 1-12:00:00;"
+                                   f" at most {MAX_TIME_LIMIT_DAYS} days.")
     sbatch: list[str] = Field(default_factory=list, max_length=64,
                               description="Extra long sbatch flags, e.g. --exclusive or --constraint=a100.")
 
@@ -93,7 +102,8 @@ class Toleration(_Options):
     operator: Literal["Exists", "Equal"] | None = None
     value: str | None = Field(None, max_length=63)
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    tolerationSeconds: int | None = Field(None, ge=0)
+    tolerationSeconds: int | None = Field(None, ge=0, le=MAX_TOLERATION_SECONDS,
+                                          description=f"0 to {MAX_TOLERATION_SECONDS:,} (ten years).")
 
     def as_k8s(self) -> dict[str, Any]:
         return self.model_dump(exclude_none=True)

@@ -33,6 +33,15 @@ class Settings(BaseSettings):
         None, description="The backend kinds this installation's dispatchers run (SHARDCTL_BACKENDS='[\"slurm\"]')."
         " A spec for another is refused at submit. Default: those this host can run (local; slurm when sbatch"
         " is on PATH; kubernetes with a kubeconfig). Set it when the API and the dispatchers run on different hosts.")
+    planner_workers: int = Field(
+        2, ge=1, le=64, description="Threads that plan specs for POST /v1/plans and /v1/jobs, apart from the"
+        " request threads. A request that finds them all busy waits planner_wait_s, then gets a 503.")
+    planner_budget_s: float = Field(
+        10.0, gt=0, le=600, description="Time budget of one layout search; a search that runs past it"
+        " stops and the request gets a 422 plan_too_costly.")
+    planner_wait_s: float = Field(
+        0.5, ge=0, le=60, description="How long a request waits for a free planning thread before the"
+        " 503 (with Retry-After).")
     kubeconfig: Path | None = None
     kubernetes_namespace: str = "default"
     kubernetes_namespaces: list[str] = Field(default_factory=list, description="Other namespaces specs may name.")

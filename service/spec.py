@@ -1,7 +1,10 @@
 """The training spec: the one input contract shared by the API, the CLI and the planner.
 
 `TrainingSpec` checks everything that can be checked from the spec alone (types, ranges, enums,
-fields that contradict each other). Checks that need the model preset or the GPU catalog (heads
+fields that contradict each other). Every number has a stated range (`RANGES`; each field's
+description in the JSON Schema repeats it) and every float is finite: a NaN, an infinity, a 10^400
+or a 5e-324 is a validation error naming the field and the range, never a planner crash or a
+search that does not end. Checks that need the model preset or the GPU catalog (heads
 divisible by tp, a GPU name that exists) happen in `service.planner.resolve`, which reports them
 in the same shape: a field path and a message that says what is allowed.
 """
@@ -12,7 +15,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from service.backend_options import BackendKind, BackendOptions, LocalOptions
 from service.names import JobName, Label
@@ -25,8 +37,109 @@ Sharding = Literal["ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp"]
 PipelineSchedule = Literal["gpipe", "1f1b", "interleaved"]
 Offload = Literal["none", "optimizer", "params"]
 
-PositiveInt = Annotated[int, Field(gt=0)]
-PositiveFloat = Annotated[float, Field(gt=0)]
+# Bounds: generous (well past any cluster or model built so far) but finite, so that every product
+# the planner forms stays exact and the search stays bounded. `docs/planner.md` has the table.
+MAX_GPUS = 1 << 20  # 1,048,576 GPUs in all
+MAX_GPUS_PER_NODE = 64
+MAX_BATCH = 1 << 24  # sequences per optimizer step (16,777,216)
+MAX_SEQ_LEN = 1 << 24
+MAX_LAYERS = 10_000
+MAX_HIDDEN = 1 << 20
+MAX_HEADS = 1 << 16
+MAX_FFN_HIDDEN = 1 << 22
+MAX_VOCAB = 1 << 24
+MAX_STEPS = 10**9
+MAX_PARAMS = 1e15
+MAX_MEMORY_GIB = 1e5  # GPU memory or host RAM per node: 100,000 GiB
+MAX_TFLOPS = 1e7
+MAX_GBPS = 1e7
+#: the least memory (GiB), peak (TFLOP/s) or bandwidth (GB/s) a spec may give: 5e-324 is not zero,
+#: but dividing by it overflows
+MIN_RATE = 1e-3
+
+
+def _number(value: float) -> str:
+    if isinstance(value, int) or (value.is_integer() and abs(value) < 1e9):
+        return f"{int(value):,}"
+    return f"{value:g}".replace("e+", "e")
+
+
+def allowed_range(low: float, high: float) -> str:
+    """`1 to 16,777,216`: the words every range error and field description use."""
+    return f"{_number(low)} to {_number(high)}"
+
+
+def _within(allowed: str) -> WrapValidator:
+    """Adds the allowed range to whatever error the constrained number raises (type, finiteness, bounds)."""
+
+    def check(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError as exc:
+            reason = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
+            raise PydanticCustomError("number_out_of_range", "{reason}; allowed: {allowed}",
+                                      {"reason": reason, "allowed": allowed}) from None
+
+    return WrapValidator(check)
+
+
+GpuCount = Annotated[int, Field(gt=0, le=MAX_GPUS), _within(allowed_range(1, MAX_GPUS))]
+GpusPerNode = Annotated[int, Field(gt=0, le=MAX_GPUS_PER_NODE), _within(allowed_range(1, MAX_GPUS_PER_NODE))]
+BatchSize = Annotated[int, Field(gt=0, le=MAX_BATCH), _within(allowed_range(1, MAX_BATCH))]
+SeqLen = Annotated[int, Field(gt=0, le=MAX_SEQ_LEN), _within(allowed_range(1, MAX_SEQ_LEN))]
+LayerCount = Annotated[int, Field(gt=0, le=MAX_LAYERS), _within(allowed_range(1, MAX_LAYERS))]
+Hidden = Annotated[int, Field(gt=0, le=MAX_HIDDEN), _within(allowed_range(1, MAX_HIDDEN))]
+Heads = Annotated[int, Field(gt=0, le=MAX_HEADS), _within(allowed_range(1, MAX_HEADS))]
+FfnHidden = Annotated[int, Field(gt=0, le=MAX_FFN_HIDDEN), _within(allowed_range(1, MAX_FFN_HIDDEN))]
+Vocab = Annotated[int, Field(gt=0, le=MAX_VOCAB), _within(allowed_range(1, MAX_VOCAB))]
+Steps = Annotated[int, Field(gt=0, le=MAX_STEPS), _within(allowed_range(1, MAX_STEPS))]
+ParamCount = Annotated[float, Field(ge=1, le=MAX_PARAMS, allow_inf_nan=False),
+                       _within(allowed_range(1, MAX_PARAMS))]
+MemoryGiB = Annotated[float, Field(ge=MIN_RATE, le=MAX_MEMORY_GIB, allow_inf_nan=False),
+                      _within(allowed_range(MIN_RATE, MAX_MEMORY_GIB))]
+Tflops = Annotated[float, Field(ge=MIN_RATE, le=MAX_TFLOPS, allow_inf_nan=False),
+                   _within(allowed_range(MIN_RATE, MAX_TFLOPS))]
+Gbps = Annotated[float, Field(ge=MIN_RATE, le=MAX_GBPS, allow_inf_nan=False),
+                 _within(allowed_range(MIN_RATE, MAX_GBPS))]
+Dropout = Annotated[float, Field(ge=0.0, lt=1.0, allow_inf_nan=False), _within("0 to 1 (1 excluded)")]
+Priority = Annotated[int, Field(ge=-1000, le=1000), _within(allowed_range(-1000, 1000))]
+
+#: field -> its allowed range, as the errors and the JSON Schema state it (docs/planner.md has the table)
+RANGES: dict[str, str] = {
+    "model.params": allowed_range(1, MAX_PARAMS),
+    "model.layers": allowed_range(1, MAX_LAYERS),
+    "model.hidden": allowed_range(1, MAX_HIDDEN),
+    "model.heads": allowed_range(1, MAX_HEADS),
+    "model.kv_heads": allowed_range(1, MAX_HEADS),
+    "model.ffn_hidden": allowed_range(1, MAX_FFN_HIDDEN),
+    "model.vocab": allowed_range(1, MAX_VOCAB),
+    "model.seq_len": allowed_range(1, MAX_SEQ_LEN),
+    "model.dropout": "0 to 1 (1 excluded)",
+    "training.global_batch": allowed_range(1, MAX_BATCH),
+    "training.steps": allowed_range(1, MAX_STEPS),
+    "resources.gpu.memory_gib": allowed_range(MIN_RATE, MAX_MEMORY_GIB),
+    "resources.gpu.peak_tflops.*": allowed_range(MIN_RATE, MAX_TFLOPS),
+    "resources.gpu.hbm_gbps": allowed_range(MIN_RATE, MAX_GBPS),
+    "resources.gpus_per_node": allowed_range(1, MAX_GPUS_PER_NODE),
+    "resources.nodes": allowed_range(1, MAX_GPUS) + " (nodes x gpus_per_node at most 1,048,576)",
+    "resources.gpus": allowed_range(1, MAX_GPUS),
+    "resources.intra_node_gbps": allowed_range(MIN_RATE, MAX_GBPS),
+    "resources.inter_node_gbps": allowed_range(MIN_RATE, MAX_GBPS),
+    "resources.cpu_memory_gib": allowed_range(MIN_RATE, MAX_MEMORY_GIB),
+    "layout.dp": allowed_range(1, MAX_GPUS),
+    "layout.tp": allowed_range(1, MAX_GPUS),
+    "layout.pp": allowed_range(1, MAX_GPUS),
+    "layout.cp": allowed_range(1, MAX_GPUS),
+    "layout.dp_shard": allowed_range(1, MAX_GPUS),
+    "layout.micro_batch": allowed_range(1, MAX_BATCH),
+    "layout.virtual_stages": allowed_range(1, MAX_LAYERS),
+    "priority": allowed_range(-1000, 1000),
+}
+
+
+def _says(text: str, field: str) -> str:
+    """A field description ending with the field's range."""
+    return f"{text} {RANGES[field]}."
 
 
 class _Strict(BaseModel):
@@ -39,19 +152,19 @@ class ModelSpec(_Strict):
     """The model: a preset, explicit architecture fields, or both (explicit fields override)."""
 
     preset: str | None = Field(None, description="Known model, e.g. llama-3.1-8b; see `shardctl plan --help`.")
-    params: PositiveFloat | None = Field(
-        None, description="Total parameters. Scales the counted architecture; sizes model-state memory."
-    )
-    layers: PositiveInt | None = None
-    hidden: PositiveInt | None = None
-    heads: PositiveInt | None = None
-    kv_heads: PositiveInt | None = Field(None, description="Key/value heads (GQA); defaults to heads.")
-    ffn_hidden: PositiveInt | None = None
-    vocab: PositiveInt | None = None
-    seq_len: PositiveInt | None = None
+    params: ParamCount | None = Field(None, description=_says(
+        "Total parameters. Scales the counted architecture; sizes model-state memory.", "model.params"))
+    layers: LayerCount | None = Field(None, description=_says("Transformer layers:", "model.layers"))
+    hidden: Hidden | None = Field(None, description=_says("Model width:", "model.hidden"))
+    heads: Heads | None = Field(None, description=_says("Attention heads:", "model.heads"))
+    kv_heads: Heads | None = Field(None, description=_says("Key/value heads (GQA); defaults to heads.",
+                                                           "model.kv_heads"))
+    ffn_hidden: FfnHidden | None = Field(None, description=_says("MLP width:", "model.ffn_hidden"))
+    vocab: Vocab | None = Field(None, description=_says("Vocabulary size:", "model.vocab"))
+    seq_len: SeqLen | None = Field(None, description=_says("Tokens per sequence:", "model.seq_len"))
     mlp: Literal["swiglu", "gelu"] | None = None
     norm: Literal["rmsnorm", "layernorm"] | None = None
-    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] | None = None
+    dropout: Dropout | None = Field(None, description=_says("Dropout probability:", "model.dropout"))
     tied_embeddings: bool | None = None
     positional: Literal["rope", "learned"] | None = Field(
         None, description="rope adds no parameters; learned adds seq_len x hidden."
@@ -72,36 +185,44 @@ class ModelSpec(_Strict):
 
 
 class TrainingConfig(_Strict):
-    global_batch: PositiveInt = Field(description="Sequences per optimizer step.")
+    global_batch: BatchSize = Field(description=_says("Sequences per optimizer step:", "training.global_batch"))
     precision: Precision = "bf16"
     optimizer: Optimizer = "adamw"
     activation_checkpointing: Literal["auto", "none", "selective", "full"] = "auto"
     attention: Attention = "flash"
-    steps: PositiveInt = 100
+    steps: Steps = Field(100, description=_says("Optimizer steps:", "training.steps"))
 
 
 class GpuOverride(_Strict):
     """A GPU given inline: a catalog name whose fields are overridden, or a new GPU."""
 
     name: str
-    memory_gib: PositiveFloat | None = None
-    peak_tflops: dict[Precision, PositiveFloat] | None = Field(
-        None, description="Dense (not with-sparsity) peak TFLOP/s per precision."
-    )
-    hbm_gbps: PositiveFloat | None = Field(None, description="Memory bandwidth, GB/s.")
+    memory_gib: MemoryGiB | None = Field(None, description=_says("Memory per GPU, GiB:", "resources.gpu.memory_gib"))
+    peak_tflops: dict[Precision, Tflops] | None = Field(None, description=_says(
+        "Dense (not with-sparsity) peak TFLOP/s per precision, each", "resources.gpu.peak_tflops.*"))
+    hbm_gbps: Gbps | None = Field(None, description=_says("Memory bandwidth, GB/s:", "resources.gpu.hbm_gbps"))
 
 
 class Resources(_Strict):
     gpu: str | GpuOverride = Field(description="A catalog name or an inline GPU.")
-    gpus_per_node: PositiveInt = 8
-    nodes: PositiveInt | None = None
-    gpus: PositiveInt | None = Field(None, description="Total GPUs; an alternative to nodes.")
-    intra_node_gbps: PositiveFloat | None = Field(None, description="Per-GPU unidirectional GB/s in a node.")
-    inter_node_gbps: PositiveFloat | None = Field(None, description="Per-GPU GB/s across nodes.")
-    cpu_memory_gib: PositiveFloat | None = Field(None, description="Host RAM per node, for offload.")
+    gpus_per_node: GpusPerNode = Field(8, description=_says("GPUs (or worker processes) per node:",
+                                                            "resources.gpus_per_node"))
+    nodes: GpuCount | None = Field(None, description=_says("Nodes:", "resources.nodes"))
+    gpus: GpuCount | None = Field(None, description=_says("Total GPUs; an alternative to nodes:", "resources.gpus"))
+    intra_node_gbps: Gbps | None = Field(None, description=_says(
+        "Per-GPU unidirectional GB/s in a node:", "resources.intra_node_gbps"))
+    inter_node_gbps: Gbps | None = Field(None, description=_says(
+        "Per-GPU GB/s across nodes:", "resources.inter_node_gbps"))
+    cpu_memory_gib: MemoryGiB | None = Field(None, description=_says(
+        "Host RAM per node, GiB, for offload:", "resources.cpu_memory_gib"))
 
     @model_validator(mode="after")
     def _count_is_given_once(self) -> Resources:
+        if self.nodes is not None and self.nodes * self.gpus_per_node > MAX_GPUS:
+            raise ValueError(
+                f"resources: nodes ({self.nodes}) x gpus_per_node ({self.gpus_per_node}) ="
+                f" {self.nodes * self.gpus_per_node:,} GPUs, more than the {MAX_GPUS:,} a spec may ask for"
+            )
         if self.nodes is not None and self.gpus is not None and self.nodes * self.gpus_per_node != self.gpus:
             raise ValueError(
                 f"resources: nodes ({self.nodes}) x gpus_per_node ({self.gpus_per_node}) != gpus ({self.gpus});"
@@ -135,17 +256,19 @@ class Resources(_Strict):
 class LayoutPins(_Strict):
     """Optional pins; the planner searches whatever is left unset."""
 
-    dp: PositiveInt | None = None
-    tp: PositiveInt | None = None
-    pp: PositiveInt | None = None
-    cp: PositiveInt | None = None
+    dp: GpuCount | None = Field(None, description=_says("Data-parallel degree:", "layout.dp"))
+    tp: GpuCount | None = Field(None, description=_says("Tensor-parallel degree:", "layout.tp"))
+    pp: GpuCount | None = Field(None, description=_says("Pipeline stages:", "layout.pp"))
+    cp: GpuCount | None = Field(None, description=_says("Context-parallel degree:", "layout.cp"))
     sharding: Sharding | None = None
-    dp_shard: PositiveInt | None = Field(None, description="HSDP: size of the sharding group (default: one node).")
+    dp_shard: GpuCount | None = Field(None, description=_says(
+        "HSDP: size of the sharding group (default: one node):", "layout.dp_shard"))
     sequence_parallel: bool | None = None
-    micro_batch: PositiveInt | None = None
+    micro_batch: BatchSize | None = Field(None, description=_says("Sequences per micro-batch:", "layout.micro_batch"))
     activation_checkpointing: Checkpointing | None = None
     pipeline_schedule: PipelineSchedule | None = None
-    virtual_stages: PositiveInt | None = None
+    virtual_stages: LayerCount | None = Field(None, description=_says(
+        "Interleaved schedule: model chunks per pipeline stage:", "layout.virtual_stages"))
     offload: Offload | None = None
 
     @model_validator(mode="after")
@@ -182,7 +305,7 @@ class TrainingSpec(_Strict):
     resources: Resources
     layout: LayoutPins = Field(default_factory=LayoutPins)
     team: Label | None = Field(None, description="Owning team; a member's token implies it.")
-    priority: int = Field(0, ge=-1000, le=1000, description="Higher runs first within a team's quota.")
+    priority: Priority = Field(0, description=_says("Higher runs first within a team's quota:", "priority"))
     backend: BackendOptions = Field(default_factory=LocalOptions,
                                     description="Where the job runs: {kind: local|slurm|kubernetes, ...options}.")
     entrypoint: EntrypointSpec | None = None
@@ -242,6 +365,10 @@ def spec_json_schema() -> dict[str, Any]:
 
 
 __all__ = [
+    "MAX_BATCH",
+    "MAX_GPUS",
+    "MAX_GPUS_PER_NODE",
+    "RANGES",
     "BackendOptions",
     "EntrypointSpec",
     "GpuOverride",

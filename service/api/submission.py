@@ -1,8 +1,19 @@
-"""Submitting a job: team resolution, idempotency, planning, and the one transaction that queues it."""
+"""Submitting a job: team resolution, idempotency, planning, and the one transaction that queues it.
+
+Planning runs on a few threads of its own (`PlanRunner`), never on the request threads, and under a
+time budget: a search past `planner_budget_s` stops itself (a Python thread cannot be killed) and
+the request is a 422 `plan_too_costly`; a request that finds every planning thread busy for
+`planner_wait_s` is a 503 with Retry-After rather than queued work. Equal specs planned at the same
+time share one search, and the last few hundred plans are remembered.
+"""
 
 from __future__ import annotations
 
+import math
+import threading
+from collections import OrderedDict
 from collections.abc import Collection
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import lru_cache
 
 from sqlalchemy.exc import IntegrityError
@@ -10,7 +21,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.api.errors import INVALID_SPEC, ApiError
 from service.api.schemas import ErrorField
-from service.planner import Plan, plan
+from service.planner import Deadline, Plan, SearchBudgetExceeded, plan
+from service.settings import Settings
 from service.spec import TrainingSpec
 from service.store.jobs import NewJob, body_hash, create_job, find_idempotent, idempotency_scope
 from service.store.tokens import Principal, ensure_team, team_by_name
@@ -19,23 +31,137 @@ from service.store.vocab import Role
 DEFAULT_TEAM = "default"
 MAX_KEY = 200
 PLAN_CACHE = 512
+#: the code of a spec whose search runs past the server's budget. Not `invalid_spec`: the spec keeps
+#: the contract (`shardctl plan` plans it, given the time); it asks this server for more search than
+#: it spends on one request, and the fix is to search less (pin more of the layout, fewer GPUs).
+PLAN_TOO_COSTLY = "plan_too_costly"
+PLANNER_BUSY = "planner_busy"
+#: how long past the budget a request waits for a search to stop itself before answering anyway
+GRACE_S = 1.0
 
 
 # The fields a plan depends on; the name is copied in afterwards, the rest does not matter to it.
 PLANNED = {"model", "training", "resources", "layout"}
 
 
-@lru_cache(maxsize=PLAN_CACHE)
-def _plan_json(spec_json: str) -> Plan:
-    return plan(TrainingSpec.model_validate_json(spec_json))
+class PlanRunner:
+    """Plans specs on `workers` threads, each search under `budget_s`; a request waits at most
+    `wait_s` for a free thread. At most `workers` searches run at once and none queue: the slots
+    are taken before a search is handed to the pool and given back when it ends, even when the
+    request that started it has stopped waiting."""
+
+    def __init__(self, *, workers: int, budget_s: float, wait_s: float) -> None:
+        self.workers, self.budget_s, self.wait_s = workers, budget_s, wait_s
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="shardctl-planner")
+        self._slots = threading.BoundedSemaphore(workers)
+        self._lock = _LOCK
+        self._running: dict[str, Future[Plan]] = {}
+
+    @property
+    def retry_after_s(self) -> int:
+        """Seconds by which a busy thread is free again: every search stops at its budget."""
+        return max(1, math.ceil(self.budget_s))
+
+    def plan(self, key: str, spec: TrainingSpec) -> Plan:
+        """The plan of `spec` (`key` is its canonical JSON): from the cache, from a search of the
+        same key already running, or from a new search. Raises what `plan` raises (`InvalidSpec`),
+        or `ApiError` 422 `plan_too_costly` past the budget and 503 `planner_busy` when no thread
+        comes free in time."""
+        found = self._find_or_start(key, spec)
+        if isinstance(found, Plan):
+            return found
+        try:
+            return found.result(timeout=self.budget_s + GRACE_S)
+        except SearchBudgetExceeded as exc:
+            raise self._too_costly(spec, exc.evaluated) from None
+        except TimeoutError:
+            raise self._too_costly(spec, None) from None
+
+    def _find_or_start(self, key: str, spec: TrainingSpec) -> Plan | Future[Plan]:
+        waited = False
+        while True:
+            with self._lock:
+                cached = _CACHE.get(key)
+                if cached is not None:
+                    _CACHE.move_to_end(key)
+                    return cached
+                running = self._running.get(key)
+                if running is not None:
+                    return running
+                if self._slots.acquire(blocking=False):
+                    future = self._pool.submit(self._search, key, spec)
+                    self._running[key] = future
+                    return future
+            # Every thread is busy: wait (once, up to wait_s) for one to come free, then look again.
+            if waited or not self._slots.acquire(timeout=self.wait_s):
+                raise ApiError(
+                    503, PLANNER_BUSY, f"all {self.workers} planning threads of this server are busy; retry"
+                    f" in {self.retry_after_s} s", headers={"Retry-After": str(self.retry_after_s)},
+                    details={"retry_after_s": self.retry_after_s, "planner_workers": self.workers})
+            self._slots.release()
+            waited = True
+
+    def _search(self, key: str, spec: TrainingSpec) -> Plan:
+        try:
+            result = plan(spec, deadline=Deadline.after(self.budget_s))
+            with self._lock:
+                _CACHE[key] = result
+                while len(_CACHE) > PLAN_CACHE:
+                    _CACHE.popitem(last=False)
+            return result
+        finally:
+            with self._lock:  # taken only after the starter has registered this search
+                self._running.pop(key, None)
+            self._slots.release()
+
+    def _too_costly(self, spec: TrainingSpec, evaluated: int | None) -> ApiError:
+        done = f" after evaluating {evaluated:,} layouts" if evaluated is not None else ""
+        fix = ("pin more of the layout (layout.tp, layout.pp, layout.cp, layout.dp, layout.micro_batch,"
+               " layout.sharding), ask for fewer GPUs or a smaller training.global_batch, or plan it"
+               " offline with `shardctl plan`, which has no budget")
+        return ApiError(
+            422, PLAN_TOO_COSTLY, f"planning this spec ({spec.resources.world_size:,} GPUs) takes longer than"
+            f" this server's {self.budget_s:g} s budget; the search stopped{done}. To search less: {fix}",
+            fields=[ErrorField(loc="layout", message=f"too little is pinned to search within {self.budget_s:g} s:"
+                               f" {fix}")],
+            details={"budget_s": self.budget_s, "evaluated": evaluated, "world_size": spec.resources.world_size})
 
 
-def cached_plan(spec: TrainingSpec) -> Plan:
-    """`plan(spec)`, remembered for the last few hundred distinct model/training/resources/layout
-    combinations (planning is pure and costs milliseconds; teams resubmit the same run under new
-    names). Callers must not mutate the result."""
+#: the last PLAN_CACHE plans by canonical spec JSON, shared by every runner; _LOCK guards it and
+#: each runner's running searches
+_CACHE: OrderedDict[str, Plan] = OrderedDict()
+_LOCK = threading.Lock()
+_RUNNERS: dict[tuple[int, float, float], PlanRunner] = {}
+_RUNNERS_LOCK = threading.Lock()
+
+
+@lru_cache(maxsize=1)
+def environment_settings() -> Settings:
+    """`Settings()` from the `SHARDCTL_*` environment, read once (it takes milliseconds): the planner
+    limits of a caller that has no app settings at hand (`cache_clear()` reads them again)."""
+    return Settings()
+
+
+def plan_runner(settings: Settings | None = None) -> PlanRunner:
+    """The process's runner for `settings`' planner limits (default: `environment_settings()`),
+    created on first use. One per distinct set of limits: in a server, one."""
+    settings = settings or environment_settings()
+    limits = (settings.planner_workers, settings.planner_budget_s, settings.planner_wait_s)
+    with _RUNNERS_LOCK:
+        runner = _RUNNERS.get(limits)
+        if runner is None:
+            runner = _RUNNERS[limits] = PlanRunner(workers=limits[0], budget_s=limits[1], wait_s=limits[2])
+        return runner
+
+
+def cached_plan(spec: TrainingSpec, settings: Settings | None = None) -> Plan:
+    """`plan(spec)` on the planning threads, under the budget of `settings` (default: the
+    environment's), remembered for the last few hundred distinct model/training/resources/layout
+    combinations (planning is pure; teams resubmit the same run under new names). Callers must not
+    mutate the result."""
     keyed = TrainingSpec.model_validate({"name": "cached", **spec.model_dump(include=PLANNED)})
-    return _plan_json(keyed.model_dump_json()).model_copy(update={"name": spec.name})
+    result = plan_runner(settings).plan(keyed.model_dump_json(), keyed)
+    return result.model_copy(update={"name": spec.name})
 
 
 def check_backend(spec: TrainingSpec, configured: Collection[str] | None) -> None:
@@ -51,12 +177,14 @@ def check_backend(spec: TrainingSpec, configured: Collection[str] | None) -> Non
 
 
 def submit(db: sessionmaker[Session], principal: Principal, spec: TrainingSpec,
-           idempotency_key: str | None, configured: Collection[str] | None = None) -> tuple[int, bool]:
+           idempotency_key: str | None, configured: Collection[str] | None = None,
+           settings: Settings | None = None) -> tuple[int, bool]:
     """Plan and queue `spec`. Returns (job id, created); created is False for an idempotent replay.
 
     Raises `ApiError` 403 when a member names another team, 422 when the spec's backend is not
     configured or no layout fits (with the planner's reasons and the smallest GPU count that would
-    fit), `Conflict` when the key was used with a different body.
+    fit) or its search runs past the planner budget of `settings` (default: the environment's),
+    503 when every planning thread is busy, `Conflict` when the key was used with a different body.
     """
     check_backend(spec, configured)
     if principal.role == Role.MEMBER:
@@ -77,7 +205,7 @@ def submit(db: sessionmaker[Session], principal: Principal, spec: TrainingSpec,
             if earlier is not None:
                 return earlier.id, False
 
-    result = cached_plan(spec)
+    result = cached_plan(spec, settings)
     if not result.fits:
         raise ApiError(422, "does_not_fit", "no layout fits: " + "; ".join(result.reasons),
                        details={"reasons": result.reasons, "min_gpus_to_fit": result.min_gpus_to_fit,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from service.planner.budget import Deadline
 from service.planner.errors import FieldProblem, InvalidSpec
 from service.planner.explain import gib, memory_sentence, rubric, why_slower
 from service.planner.layout import Layout
@@ -29,15 +30,16 @@ from service.planner.timing import FLOP_CONVENTION, model_flops_per_step, recomp
 from service.spec import LayoutPins, TrainingSpec
 
 
-def plan(spec: TrainingSpec) -> Plan:
+def plan(spec: TrainingSpec, *, deadline: Deadline | None = None) -> Plan:
     """Search every valid layout the spec's pins allow and return the fastest that fits.
 
     When nothing fits, the plan describes the candidate closest to fitting, with `fits` false,
     the reasons, and the smallest GPU count of this kind that would fit.
-    Raises `InvalidSpec` for a spec that cannot be planned at all.
+    Raises `InvalidSpec` for a spec that cannot be planned at all, and `SearchBudgetExceeded` when
+    the search (or the search for the smallest GPU count that fits) runs past `deadline`.
     """
     ctx = resolve(spec)
-    result = search(ctx)
+    result = search(ctx, deadline=deadline)
     if result.best is not None:
         return _assemble(ctx, result.best, result)
     reasons = _no_fit_reasons(ctx, result)
@@ -45,7 +47,7 @@ def plan(spec: TrainingSpec) -> Plan:
     if target is None:
         raise InvalidSpec([FieldProblem(loc=("layout",), message="no valid layout: " + "; ".join(reasons))])
     target = evaluate_layout(ctx, target.layout)
-    return _assemble(ctx, target, result, reasons=reasons, min_gpus=smallest_fitting_world(ctx))
+    return _assemble(ctx, target, result, reasons=reasons, min_gpus=smallest_fitting_world(ctx, deadline))
 
 
 def estimate(spec: TrainingSpec, layout: Layout) -> Plan:

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from service.planner.budget import Deadline
 from service.planner.errors import FieldProblem, InvalidSpec
 from service.planner.hardware import Cluster, resolve_cluster
 from service.planner.layout import (
@@ -252,7 +253,7 @@ def _tp_ok(shape: ModelShape, tp: int) -> bool:
     return not (shape.heads % tp or shape.kv_heads % tp or shape.ffn_hidden % tp)
 
 
-def _meshes(ctx: Context, pins: LayoutPins, result: SearchResult) -> Iterator[Mesh]:
+def _meshes(ctx: Context, pins: LayoutPins, result: SearchResult, deadline: Deadline | None) -> Iterator[Mesh]:
     world = ctx.cluster.world_size
     for tp in divisors(world):
         if pins.tp is not None and tp != pins.tp:
@@ -266,6 +267,8 @@ def _meshes(ctx: Context, pins: LayoutPins, result: SearchResult) -> Iterator[Me
                 dp = world // (tp * cp * pp)
                 if pins.dp is not None and dp != pins.dp:
                     continue
+                if deadline is not None:
+                    deadline.check(result.evaluated)
                 problems = mesh_problems(ctx.shape, ctx.cluster, ctx.global_batch, dp, tp, pp, cp, ctx.attention)
                 if problems:
                     result.invalid += 1
@@ -344,7 +347,7 @@ def _offloads(pins: LayoutPins, sharding: Sharding) -> list[Offload]:
 
 
 def search(ctx: Context, pins: LayoutPins | None = None, *, timed: bool = True,
-           stop_at_first_fit: bool = False) -> SearchResult:
+           stop_at_first_fit: bool = False, deadline: Deadline | None = None) -> SearchResult:
     """Enumerate and evaluate every valid layout under `pins` (default: the spec's).
 
     Memory is evaluated for every candidate that is not skipped by a bound; time only for those
@@ -354,6 +357,9 @@ def search(ctx: Context, pins: LayoutPins | None = None, *, timed: bool = True,
 
     The loops, outermost first: mesh, sharding, sequence parallelism (together a `Base`), then
     micro-batch, pipeline schedule, activation checkpointing and offload.
+
+    With a `deadline`, the search checks the clock once per mesh and once per micro-batch (a few
+    dozen layouts apart) and raises `SearchBudgetExceeded` once it has passed.
     """
     pins = pins if pins is not None else ctx.spec.layout
     result = SearchResult()
@@ -366,7 +372,7 @@ def search(ctx: Context, pins: LayoutPins | None = None, *, timed: bool = True,
     # Under flash attention nothing quadratic is stored, so `selective` equals `none`: not searched.
     ckpts: list[Checkpointing] = [ckpt_pin] if ckpt_pin else (
         ["none", "selective", "full"] if ctx.attention == "eager" else ["none", "full"])
-    for mesh in _meshes(ctx, pins, result):
+    for mesh in _meshes(ctx, pins, result, deadline):
         dp, tp, pp, cp = mesh
         sp_options = [pins.sequence_parallel] if pins.sequence_parallel is not None else [tp > 1]
         per_replica = batch // dp
@@ -403,6 +409,8 @@ def search(ctx: Context, pins: LayoutPins | None = None, *, timed: bool = True,
                 offs = list(statics)
                 thrift = statics[offs[-1]]  # the most offload: if it does not fit, nothing does
                 for b in mbs:
+                    if deadline is not None:
+                        deadline.check(result.evaluated)
                     m = per_replica // b
                     schedules = _schedules(ctx, pins, pp, m)
                     if not schedules:
@@ -547,9 +555,9 @@ def evaluate_layout(ctx: Context, layout: Layout) -> Candidate:
     return _evaluate(ctx, layout)
 
 
-def smallest_fitting_world(ctx: Context) -> int | None:
+def smallest_fitting_world(ctx: Context, deadline: Deadline | None = None) -> int | None:
     """The smallest GPU count of this kind on which some layout fits (doubling, then bisection
-    over whole nodes; mesh pins other than dp are kept)."""
+    over whole nodes; mesh pins other than dp are kept). Each search it runs keeps to `deadline`."""
     base = ctx.spec.layout.model_copy(update={"dp": None})
     gpn = ctx.cluster.gpus_per_node if ctx.cluster.world_size >= ctx.spec.resources.gpus_per_node else (
         ctx.spec.resources.gpus_per_node)
@@ -565,7 +573,7 @@ def smallest_fitting_world(ctx: Context) -> int | None:
             value = getattr(pins, name)
             if value is not None and world % value:
                 return False
-        return search(sub, pins, timed=False, stop_at_first_fit=True).best is not None
+        return search(sub, pins, timed=False, stop_at_first_fit=True, deadline=deadline).best is not None
 
     sizes = [w for w in (1, 2, 4) if w < gpn] + [gpn]
     for world in sizes:
