@@ -1,76 +1,350 @@
-"""The FastAPI application: `create_app()` wires settings, database, routers, errors and metrics."""
+"""The FastAPI application: `create_app()` wires settings, database, routers, errors and metrics.
+
+Every request passes the request gate (`RequestGate`, an ASGI middleware) before any route reads a
+body: it checks the token of a route that needs one, the media type, the body's size as it arrives
+and that a JSON body can be stored, so that a route only ever sees a body it can keep and read back.
+"""
 
 from __future__ import annotations
 
-import json
-import re
 import time
-from collections.abc import Awaitable, Callable, Collection
-from typing import Any
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from fastapi import FastAPI, Request, Response
+import anyio.to_thread
+from fastapi import FastAPI, params
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
 from sqlalchemy import Engine
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api import errors
+from service.api.deps import (
+    BAD_TOKEN,
+    MAX_JSON_DEPTH,
+    MISSING_TOKEN,
+    PRINCIPAL_SCOPE_KEY,
+    UNAUTHORIZED_HEADERS,
+    ApiLimits,
+    MalformedJson,
+    Unstorable,
+    bearer,
+    bearer_secret,
+    get_principal,
+    parse_storable_json,
+    require_admin,
+    require_person,
+    require_reporter,
+)
+from service.api.errors import RouteEntry, routes_of
 from service.api.metrics import make_metrics
 from service.api.routers import health, jobs, plans, profiles, teams, tokens
+from service.api.schemas import ErrorField
 from service.planner.result import Plan
 from service.settings import Settings
 from service.spec import TrainingSpec
 from service.store.db import make_engine, make_sessionmaker
+from service.store.tokens import Principal, authenticate
 
-
-async def _has_nul(request: Request) -> bool:
-    """NUL characters anywhere in the path, query or JSON strings (PostgreSQL text cannot store them)."""
-    if "\x00" in request.url.path or b"%00" in request.scope.get("query_string", b""):
-        return True
-    if request.method not in ("POST", "PUT", "PATCH"):
-        return False
-    body = await request.body()
-    if b"\\u0000" not in body and b"\x00" not in body:
-        return False
-    try:
-        return _contains_nul(json.loads(body))
-    except ValueError:
-        return b"\x00" in body
-
-
-def _contains_nul(value: object) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_contains_nul(k) or _contains_nul(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_contains_nul(v) for v in value)
-    return False
-
-
-_PROFILES_PATH = re.compile(r"/v1/jobs/[^/]+/profiles/?")
-
-
-def _traces_posted_to_profiles(request: Request) -> bool:
-    """Trace files (multipart) posted to `/profiles` rather than to `/profiles/traces`."""
-    content_type = request.headers.get("content-type", "").lower()
-    return (request.method == "POST" and content_type.startswith("multipart/form-data")
-            and _PROFILES_PATH.fullmatch(request.scope["path"]) is not None)
-
-
+ROUTE_SCOPE_KEY = "shardctl.route"
 LaunchPreview = Callable[[TrainingSpec, Plan], dict[str, Any] | None]
+BodyKind = Literal["json", "form"] | None
+
+
+@dataclass(frozen=True, slots=True)
+class RouteNeeds:
+    """What the request gate checks before a route reads its body."""
+
+    token: bool  # the route needs a bearer token (it depends on `get_principal`)
+    roles: bool  # ... of certain roles only (a 403 is possible)
+    body: BodyKind  # a JSON body, a form (trace uploads), or none
+
+
+def _calls(dependant: Dependant) -> set[Any]:
+    found, stack = set(), [dependant]
+    while stack:
+        item = stack.pop()
+        if item.call is not None:
+            found.add(item.call)
+        stack.extend(item.dependencies)
+    return found
+
+
+def route_needs(route: APIRoute) -> RouteNeeds:
+    calls = _calls(route.dependant)
+    body: BodyKind = None
+    if route.body_field is not None:
+        body = "form" if isinstance(route.body_field.field_info, params.Form) else "json"
+    roles = bool(calls & {require_admin, require_person, require_reporter}) or (
+        bearer in calls and get_principal not in calls)  # a route that reads the bearer itself (/metrics)
+    return RouteNeeds(token=get_principal in calls, roles=roles, body=body)
+
+
+def _media_type(content_type: str) -> str:
+    return content_type.split(";", 1)[0].strip().lower()
+
+
+def _is_json(content_type: str) -> bool:
+    media = _media_type(content_type)
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+def _is_form(content_type: str) -> bool:
+    return _media_type(content_type) in ("multipart/form-data", "application/x-www-form-urlencoded")
+
+
+def _traces_posted_to_profiles(scope: Scope, headers: Headers) -> bool:
+    """Trace files (multipart) posted to `/profiles` rather than to `/profiles/traces`."""
+    parts = scope["path"].rstrip("/").split("/")
+    return (scope["method"] == "POST" and _is_form(headers.get("content-type", ""))
+            and len(parts) == 5 and parts[:3] == ["", "v1", "jobs"] and parts[4] == "profiles")
+
+
+class _Gone(Exception):
+    """The client went away while sending its body."""
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """The whole body, or None as soon as it is over `limit` bytes (the rest is never read)."""
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Gone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+def _counted(receive: Receive, limit: int) -> Receive:
+    """`receive` that refuses (413) the first chunk that takes the body over `limit` bytes."""
+    size = 0
+
+    async def counted() -> Message:
+        nonlocal size
+        message = await receive()
+        if message["type"] == "http.request":
+            size += len(message.get("body", b""))
+            if size > limit:
+                raise HTTPException(413, f"request body over {limit} bytes")
+        return message
+
+    return counted
+
+
+def _too_large(limit: int) -> Response:
+    return errors.error_response(413, "too_large", f"request body over {limit} bytes")
+
+
+class RequestGate:
+    """The checks that come before a route reads a body, in this order:
+
+    1. NUL characters in the path or query: 422 (PostgreSQL text cannot store them).
+    2. For a route with a body that needs a token: a missing, malformed, unknown, revoked or expired
+       bearer token is a 401 before a byte of the body is read (the principal found is kept for the
+       route, so the token is looked up once).
+    3. A `Content-Length` over the limit, or a body that goes over it as it arrives (chunked): 413.
+       The limit is `max_body_bytes` (1 MiB); trace uploads have `max_upload_bytes` for the whole body.
+    4. A body of another media type than the route reads (JSON; multipart for trace uploads): 415.
+    5. A JSON body that is malformed: 400 naming where the parser stopped; that holds NUL characters,
+       lone surrogates, NaN or Infinity, or nests deeper than `MAX_JSON_DEPTH`: 422 naming the field
+       (`invalid_spec` for a spec; a spec's numbers are left to its own range checks, which name the
+       range, and `create_job` checks the validated spec again before it is stored).
+
+    Routes without a body, and requests no route matches (404, 405), pass unread. The gate also times
+    each request to its first response byte, per route template, for `/metrics`.
+    """
+
+    def __init__(self, app: ASGIApp, api: FastAPI) -> None:
+        self.app, self.api = app, api
+        self._routes: list[tuple[RouteEntry, RouteNeeds]] | None = None
+
+    def _route(self, scope: Scope) -> tuple[RouteEntry, RouteNeeds] | None:
+        if self._routes is None:  # the routes are all there by the first request
+            self._routes = [(e, route_needs(e.route)) for e in routes_of(self.api) if isinstance(e.route, APIRoute)]
+        path, method = scope["path"], scope["method"]
+        for entry, needs in self._routes:
+            if method in entry.methods and entry.regex.match(path):
+                return entry, needs
+        return None
+
+    def _authenticate(self, secret: str) -> Principal | None:
+        with self.api.state.sessions.begin() as session:
+            return authenticate(session, secret)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start, timed = time.perf_counter(), False
+        latency = self.api.state.metrics.latency
+
+        async def timed_send(message: Message) -> None:
+            nonlocal timed
+            if message["type"] == "http.response.start" and not timed:
+                timed = True
+                path = getattr(scope.get("route"), "path", None) or scope.get(ROUTE_SCOPE_KEY, "unmatched")
+                latency.labels(method=scope["method"], route=path,
+                               status=str(message["status"])).observe(time.perf_counter() - start)
+            await send(message)
+
+        headers = Headers(scope=scope)
+        if _traces_posted_to_profiles(scope, headers):
+            # One address for both kinds of profile: a summary (JSON) or the trace files themselves.
+            scope["path"] = scope["path"].rstrip("/") + "/traces"
+        try:
+            refusal, receive = await self._admit(scope, headers, receive)
+        except _Gone:
+            return
+        if refusal is not None:
+            await refusal(scope, receive, timed_send)
+            return
+        await self.app(scope, receive, timed_send)
+
+    async def _admit(self, scope: Scope, headers: Headers, receive: Receive) -> tuple[Response | None, Receive]:
+        if "\x00" in scope["path"] or b"%00" in scope.get("query_string", b""):
+            return errors.error_response(422, "validation_error", "NUL characters are not allowed in requests"), receive
+        found = self._route(scope)
+        if found is None or found[1].body is None:
+            return None, receive
+        entry, needs = found
+        scope[ROUTE_SCOPE_KEY] = entry.path  # the latency metric's label for a request refused here
+        if needs.token:
+            secret = bearer_secret(headers.get("authorization"))
+            principal = await anyio.to_thread.run_sync(self._authenticate, secret) if secret else None
+            if principal is None:
+                return errors.error_response(401, "unauthorized", BAD_TOKEN if secret else MISSING_TOKEN,
+                                             headers=UNAUTHORIZED_HEADERS), receive
+            scope[PRINCIPAL_SCOPE_KEY] = principal
+        settings, limits = self.api.state.settings, self.api.state.limits
+        limit: int = limits.max_upload_bytes if needs.body == "form" else settings.max_body_bytes
+        length = headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            return _too_large(limit), receive
+        content_type = headers.get("content-type")
+        if needs.body == "form":
+            if content_type is not None and not _is_form(content_type):
+                return _unsupported(content_type, "multipart/form-data"), receive
+            return None, _counted(receive, limit)
+        if content_type is not None and not _is_json(content_type):
+            return _unsupported(content_type, "application/json"), receive
+        body = await _read_body(receive, limit)
+        if body is None:
+            return _too_large(limit), receive
+        if body and content_type is None:
+            return _unsupported(None, "application/json"), receive
+        if body:
+            # A spec range-checks its numbers itself, naming the field and its range (see `create_job`).
+            spec = (scope["method"], entry.path) in errors.SPEC_BODIES
+            try:
+                parse_storable_json(body, numbers=not spec)
+            except MalformedJson as exc:
+                return errors.error_response(400, "bad_request", str(exc)), receive
+            except Unstorable as exc:
+                code, what = (errors.INVALID_SPEC, "spec") if spec else ("validation_error", "request")
+                return errors.error_response(422, code, f"invalid {what}: {exc.loc}: {exc.message}",
+                                             fields=[ErrorField(loc=exc.loc, message=exc.message)]), receive
+        return None, _replay(body, receive)
+
+
+def _unsupported(content_type: str | None, expected: str) -> Response:
+    sent = f"Content-Type {content_type!r}" if content_type else "a body without Content-Type"
+    return errors.error_response(415, "unsupported_media_type", f"{sent} is not accepted here: send {expected}")
+
+
+_ERROR_SCHEMA = {"$ref": "#/components/schemas/ErrorResponse"}
+_STATUS_DOCS = {
+    400: "Malformed JSON (the message names where the parser stopped), or a malformed header.",
+    401: "No bearer token, or an unknown, revoked or expired one (`WWW-Authenticate: Bearer`).",
+    403: "The token's role may not do this.",
+    404: "Nothing by that id that this token may see.",
+    413: "The body is over the limit (SHARDCTL_MAX_BODY_BYTES; for trace uploads SHARDCTL_MAX_UPLOAD_BYTES).",
+    415: "The body is not of the media type this operation reads.",
+    422: "Invalid parameters or body: a field breaks the contract, or a value no database can store (NUL"
+         f" characters, lone surrogates, NaN or Infinity, nesting deeper than {MAX_JSON_DEPTH}).",
+    503: "Not available now.",
+}
+#: What the routes cannot say about themselves: statuses and media types outside the JSON routes.
+_EXTRA_STATUSES = {("/readyz", "get"): {503}}
+_MEDIA_TYPES = {("/metrics", "get"): "text/plain; version=0.0.4; charset=utf-8"}
+
+
+def document_responses(app: FastAPI, schema: dict[str, Any]) -> dict[str, Any]:
+    """Add to each operation of `schema` the statuses that the request gate, authentication and
+    validation answer with (every error in the one `ErrorResponse` shape, FastAPI's own 422 model
+    included), so that the document lists every status and media type the API returns."""
+    schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+    for entry in routes_of(app):
+        route = entry.route
+        if not isinstance(route, APIRoute) or not route.include_in_schema:
+            continue
+        needs = route_needs(route)
+        statuses = {422}
+        if needs.token or needs.roles:
+            statuses.add(401)
+        if needs.roles:
+            statuses.add(403)
+        if needs.body is not None:
+            statuses |= {400, 413, 415}
+        if route.dependant.path_params:
+            statuses.add(404)
+        for method in sorted(entry.methods):
+            key = (entry.path, method.lower())
+            operation = schema["paths"][entry.path][key[1]]
+            if not needs.token and operation.get("security"):  # reads a bearer when one is configured
+                operation["security"] = [*operation["security"], {}]  # (/metrics): so optional
+            responses = operation.setdefault("responses", {})
+            for status in sorted(statuses | _EXTRA_STATUSES.get(key, set())):
+                doc = responses.setdefault(str(status), {"description": _STATUS_DOCS[status]})
+                doc["content"] = {"application/json": {"schema": _ERROR_SCHEMA}}
+                if status == 401:
+                    doc["headers"] = {"WWW-Authenticate": {"schema": {"type": "string"}}}
+            media = _MEDIA_TYPES.get(key)
+            if media is not None:
+                responses["200"]["content"] = {media: {"schema": {"type": "string"}}}
+    for unused in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(unused, None)
+    return schema
 
 
 def create_app(settings: Settings | None = None, *, engine: Engine | None = None,
                launch_preview: LaunchPreview | None = None,
-               configured_backends: Collection[str] | None = None) -> FastAPI:
+               configured_backends: Collection[str] | None = None,
+               limits: ApiLimits | None = None) -> FastAPI:
     """An app on `settings.database_url` (or `engine`). The schema must be migrated already
     (`shardctl db upgrade`; `shardctl serve` does it). `launch_preview(spec, plan)` renders what a
     backend would be sent; `configured_backends` are the backend kinds the dispatchers run, and a
     spec for another is a 422 at submit (None: not checked). The composition module
-    (`service.cli.wiring`) passes both; the API never imports workers."""
+    (`service.cli.wiring`) passes both; the API never imports workers. `limits`: upload size and
+    live event streams (default: from `SHARDCTL_*` variables)."""
     settings = settings or Settings()
     engine = engine or make_engine(settings.resolved_database_url)
     app = FastAPI(title="shardctl", version="0.1.0",
                   description="Plan, launch and track distributed training jobs.")
     app.state.settings = settings
+    app.state.limits = limits or ApiLimits()
+    app.state.streams = jobs.StreamSlots()
     app.state.engine = engine
     app.state.sessions = make_sessionmaker(engine)
     app.state.metrics = make_metrics(app.state.sessions)
@@ -79,26 +353,14 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     errors.install(app)
     for module in (health, plans, jobs, profiles, teams, tokens):
         app.include_router(module.router)
+    app.add_middleware(RequestGate, api=app)
 
-    @app.middleware("http")
-    async def _limits_and_latency(request: Request,
-                                  call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        if _traces_posted_to_profiles(request):
-            # One address for both kinds of profile: a summary (JSON) or the trace files themselves.
-            request.scope["path"] = request.scope["path"].rstrip("/") + "/traces"
-        length = request.headers.get("content-length")
-        uploading = request.scope["path"].endswith("/profiles/traces")  # that route limits each file
-        limit = settings.max_trace_bytes * profiles.MAX_FILES if uploading else settings.max_body_bytes
-        if length is not None and (not length.isdigit() or int(length) > limit):
-            return errors.error_response(413, "too_large", f"request body over {limit} bytes")
-        if not uploading and await _has_nul(request):
-            return errors.error_response(422, "validation_error", "NUL characters are not allowed in requests")
-        start = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        path = getattr(route, "path", "unmatched")
-        app.state.metrics.latency.labels(method=request.method, route=path,
-                                         status=str(response.status_code)).observe(time.perf_counter() - start)
-        return response
+    generate = app.openapi
 
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = document_responses(app, generate())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app

@@ -1,17 +1,44 @@
-"""Typed dependencies: the database, the calling principal, and role checks."""
+"""Typed dependencies: the database, the calling principal, role checks, and the request limits and JSON
+checks the request gate (`service.api.app`) applies before a route reads a body."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import json
+import math
+import re
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.api.errors import ApiError
+from service.spec import field_path
 from service.store.tokens import Principal, authenticate
 
 bearer = HTTPBearer(auto_error=False, description="A shardctl token: shc_<id>_<secret>.")
+
+#: Where the request gate leaves the principal it authenticated before reading a body.
+PRINCIPAL_SCOPE_KEY = "shardctl.principal"
+UNAUTHORIZED_HEADERS = {"WWW-Authenticate": "Bearer"}
+MISSING_TOKEN = "missing bearer token: send 'Authorization: Bearer shc_...'"
+BAD_TOKEN = "unknown, revoked or expired token"
+
+
+class ApiLimits(BaseSettings):
+    """Limits of the API process (`SHARDCTL_*` environment variables, like `Settings`)."""
+
+    model_config = SettingsConfigDict(env_prefix="SHARDCTL_", extra="ignore")
+
+    max_upload_bytes: int = Field(
+        2 << 30, gt=0, description="Largest request body of one trace upload, all its files together (2 GiB)."
+        " Each file is also limited to SHARDCTL_MAX_TRACE_BYTES.")
+    max_streams: int = Field(256, ge=1, description="Live event streams this API process serves at once; one"
+                             " more is a 429.")
+    max_streams_per_token: int = Field(16, ge=1, description="Live event streams one token holds open at once;"
+                                       " one more is a 429.")
 
 
 def get_db(request: Request) -> sessionmaker[Session]:
@@ -22,15 +49,24 @@ def get_db(request: Request) -> sessionmaker[Session]:
 Db = Annotated[sessionmaker[Session], Depends(get_db)]
 
 
-def get_principal(db: Db, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Principal:
-    unauthorized = {"WWW-Authenticate": "Bearer"}
+def bearer_secret(authorization: str | None) -> str | None:
+    """The credentials of an `Authorization: Bearer <credentials>` header (as `HTTPBearer` reads it)."""
+    scheme, _, credentials = (authorization or "").partition(" ")
+    credentials = credentials.strip()
+    return credentials if scheme.lower() == "bearer" and credentials else None
+
+
+def get_principal(request: Request, db: Db,
+                  credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Principal:
+    known = request.scope.get(PRINCIPAL_SCOPE_KEY)
+    if isinstance(known, Principal):  # the request gate checked this request's token already
+        return known
     if credentials is None:
-        raise ApiError(401, "unauthorized", "missing bearer token: send 'Authorization: Bearer shc_...'",
-                       headers=unauthorized)
+        raise ApiError(401, "unauthorized", MISSING_TOKEN, headers=UNAUTHORIZED_HEADERS)
     with db.begin() as session:
         principal = authenticate(session, credentials.credentials)
     if principal is None:
-        raise ApiError(401, "unauthorized", "unknown, revoked or expired token", headers=unauthorized)
+        raise ApiError(401, "unauthorized", BAD_TOKEN, headers=UNAUTHORIZED_HEADERS)
     return principal
 
 
@@ -60,3 +96,88 @@ def require_reporter(principal: Caller) -> Principal:
 Admin = Annotated[Principal, Depends(require_admin)]
 Person = Annotated[Principal, Depends(require_person)]
 Reporter = Annotated[Principal, Depends(require_reporter)]
+
+
+# --- Storable JSON: what either database can store and every response can read back ---------------
+
+#: Deepest nesting of objects and arrays a request body may have (the top level is 1).
+MAX_JSON_DEPTH = 32
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_UNPRINTABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+class MalformedJson(ValueError):
+    """A body that is not JSON (a 400 naming where the parser stopped)."""
+
+
+class Unstorable(ValueError):
+    """JSON that neither database can store, or no response could carry back (a 422 naming the field)."""
+
+    def __init__(self, loc: str, message: str) -> None:
+        super().__init__(f"{loc}: {message}")
+        self.loc, self.message = loc, message
+
+
+def _text_problem(text: str) -> str | None:
+    if "\x00" in text:
+        return "NUL characters are not allowed in requests"
+    surrogate = _SURROGATE.search(text)
+    if surrogate is not None:
+        return f"a lone UTF-16 surrogate (\\u{ord(surrogate.group()):04x}) is not a character; send valid Unicode"
+    return None
+
+
+def check_storable(value: Any, *, max_depth: int = MAX_JSON_DEPTH, numbers: bool = True) -> None:
+    """Raise `Unstorable` for NUL characters (PostgreSQL text refuses them), lone surrogates (not
+    UTF-8: PostgreSQL refuses them, SQLite stores what no response can encode), NaN and Infinity
+    (JSONB refuses them, JSON has no such numbers; not checked with `numbers` False, for a body
+    whose model range-checks every number itself and names the range), or nesting deeper than
+    `max_depth`. Iterative: a deep document costs no recursion."""
+    stack: list[tuple[Any, tuple[int | str, ...]]] = [(value, ())]
+    while stack:
+        item, path = stack.pop()
+        problem: str | None = None
+        children: list[tuple[int | str, Any]] = []
+        if isinstance(item, str):
+            problem = _text_problem(item)
+        elif isinstance(item, float) and numbers and not math.isfinite(item):
+            problem = "NaN and Infinity are not JSON numbers and cannot be stored"
+        elif isinstance(item, dict):
+            children = list(item.items())
+        elif isinstance(item, list | tuple):
+            children = list(enumerate(item))
+        if isinstance(item, dict | list | tuple) and len(path) >= max_depth:
+            problem = f"nested deeper than {max_depth} levels of objects and arrays"
+        if problem is not None:
+            raise Unstorable(_loc(path), problem)
+        for key, child in reversed(children):
+            if isinstance(key, str) and (key_problem := _text_problem(key)) is not None:
+                raise Unstorable(_loc((*path, key)), f"the key: {key_problem}")
+            stack.append((child, (*path, key)))
+
+
+def _loc(path: tuple[int | str, ...]) -> str:
+    """The dotted path, with NUL and surrogates escaped so that the error itself can be sent."""
+    return _UNPRINTABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", field_path(path)) or "body"
+
+
+def _describe(error: ValueError) -> str:
+    if isinstance(error, UnicodeDecodeError):
+        return f"the body is not UTF-8 text (byte {error.start})"
+    return str(error)
+
+
+def parse_storable_json(body: bytes, *, max_depth: int = MAX_JSON_DEPTH, numbers: bool = True) -> Any:
+    """The JSON document `body`, checked by `check_storable`. Raises `MalformedJson` for a body that is
+    not JSON and `Unstorable` for one that cannot be stored."""
+    try:
+        value = json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise MalformedJson(f"malformed JSON at line {exc.lineno} column {exc.colno} (character {exc.pos}):"
+                            f" {exc.msg}") from exc
+    except RecursionError as exc:
+        raise Unstorable("body", f"nested deeper than {max_depth} levels of objects and arrays") from exc
+    except ValueError as exc:  # not UTF-8/16/32, or an integer with more digits than Python converts
+        raise MalformedJson(f"malformed JSON: {_describe(exc)}") from exc
+    check_storable(value, max_depth=max_depth, numbers=numbers)
+    return value

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import re
+from dataclasses import dataclass
 from typing import Any
 
+import fastapi.routing
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import IntegrityError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute, compile_path
 
 from service.api.schemas import ErrorBody, ErrorField, ErrorResponse
 from service.planner import InvalidSpec
@@ -26,10 +32,18 @@ class ApiError(Exception):
         self.fields, self.details, self.headers = fields or [], details or {}, headers
 
 
+class _ErrorJson(JSONResponse):
+    """JSON in ASCII: an error that quotes what the client sent renders whatever that was (a lone
+    surrogate comes back as the escape it came in as)."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
+
+
 def error_response(status: int, code: str, message: str, *, fields: list[ErrorField] | None = None,
                    details: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
     body = ErrorResponse(error=ErrorBody(code=code, message=message, fields=fields or [], details=details or {}))
-    return JSONResponse(body.model_dump(mode="json"), status_code=status, headers=headers)
+    return _ErrorJson(body.model_dump(mode="json"), status_code=status, headers=headers)
 
 
 def _loc(parts: tuple[Any, ...]) -> str:
@@ -85,7 +99,47 @@ def install(app: FastAPI) -> None:
     async def _transition(_: Request, exc: IllegalTransition) -> JSONResponse:
         return error_response(409, "illegal_transition", str(exc))
 
+    @app.exception_handler(IntegrityError)
+    async def _integrity(_: Request, exc: IntegrityError) -> JSONResponse:
+        # A unique or foreign key constraint that a concurrent request won first (e.g. two teams of one name).
+        return error_response(409, "conflict", "the request conflicts with a concurrent change; read the"
+                              f" current state and retry ({type(exc.orig).__name__})")
+
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(exc.status_code, "error")
-        return error_response(exc.status_code, code, str(exc.detail), headers=getattr(exc, "headers", None))
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(allowed_methods(request))
+        return error_response(exc.status_code, code, str(exc.detail), headers=headers or None)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteEntry:
+    """One route of the app as a request sees it: its full path template, methods and route object."""
+
+    path: str
+    regex: re.Pattern[str]
+    methods: frozenset[str]
+    route: BaseRoute
+
+
+def routes_of(app: FastAPI) -> list[RouteEntry]:
+    """The app's routes with their full paths, through included routers (which FastAPI may keep nested)."""
+    iterate = getattr(fastapi.routing, "iter_route_contexts", None)
+    pairs: list[tuple[str | None, BaseRoute]] = (
+        [(ctx.path, ctx.original_route) for ctx in iterate(app.routes)] if iterate is not None
+        else [(getattr(r, "path", None), r) for r in app.routes])
+    entries = []
+    for path, route in pairs:
+        methods = getattr(route, "methods", None)
+        if path and methods:
+            regex, template, _ = compile_path(path)
+            entries.append(RouteEntry(template, regex, frozenset(methods), route))
+    return entries
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at this path (Starlette's 405 names only the first route's)."""
+    path = request.scope.get("path", "")
+    return sorted({m for entry in routes_of(request.app) if entry.regex.match(path) for m in entry.methods})

@@ -87,8 +87,29 @@ def utcnow() -> datetime:
 
 
 def as_utc(at: datetime) -> datetime:
-    """SQLite returns naive datetimes for timezone-aware columns; they were stored in UTC."""
-    return at if at.tzinfo else at.replace(tzinfo=UTC)
+    """`at` as an aware UTC datetime (a naive one is taken to be UTC already)."""
+    return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """`DateTime(timezone=True)` that always reads back as an aware UTC datetime, on both databases.
+
+    SQLite has no time zones: the value is stored as UTC wall-clock time (as before) and given its
+    +00:00 offset back when read. PostgreSQL returns the session's time zone; it is converted to UTC.
+    The column type in the schema is unchanged, so migrations show no drift.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        at = as_utc(value)
+        return at.replace(tzinfo=None) if dialect.name == "sqlite" else at
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else as_utc(value)
 
 
 class Base(DeclarativeBase):
@@ -100,7 +121,7 @@ class Team(Base):
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     name: Mapped[str] = mapped_column(String(63), unique=True)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
 class ApiToken(Base):
@@ -114,9 +135,9 @@ class ApiToken(Base):
     team_id: Mapped[int | None] = mapped_column(ForeignKey("teams.id"), index=True)
     job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id"), index=True)
     name: Mapped[str | None] = mapped_column(String(200))
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
 
     team: Mapped[Team | None] = relationship(lazy="joined")
 
@@ -142,12 +163,12 @@ class Job(Base):
     layout: Mapped[str] = mapped_column(String(200), default="")
     predicted_step_s: Mapped[float | None] = mapped_column(Float)
     created_by: Mapped[str] = mapped_column(String(64))
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     # Dispatcher lease (dispatcher issue): who holds the row and until when.
     lease_owner: Mapped[str | None] = mapped_column(String(64))
-    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
 
     team: Mapped[Team] = relationship(lazy="joined", innerjoin=True)
     attempts: Mapped[list[Attempt]] = relationship(order_by="Attempt.number", lazy="select")
@@ -168,8 +189,8 @@ class Attempt(Base):
     status: Mapped[AttemptStatus] = mapped_column(enum_column(AttemptStatus, 16))
     exit_code: Mapped[int | None] = mapped_column(Integer)
     exit_reason: Mapped[str | None] = mapped_column(Text)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
 
 
 class Event(Base):
@@ -180,7 +201,7 @@ class Event(Base):
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))
-    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
     actor: Mapped[str] = mapped_column(String(64))
     kind: Mapped[str] = mapped_column(String(64))
     message: Mapped[str] = mapped_column(Text, default="")
@@ -198,7 +219,7 @@ class IdempotencyKey(Base):
     key: Mapped[str] = mapped_column(String(200))
     body_hash: Mapped[str] = mapped_column(String(64))
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
 class Measurement(Base):
@@ -210,5 +231,5 @@ class Measurement(Base):
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))
     kind: Mapped[MeasurementKind] = mapped_column(enum_column(MeasurementKind, 32))
-    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
     data: Mapped[dict[str, Any]] = mapped_column(Json)

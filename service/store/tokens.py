@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import or_, select, update
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from service.store.models import ApiToken, Job, Team, as_utc, utcnow
@@ -66,12 +68,16 @@ def team_by_name(session: Session, name: str) -> Team:
 
 
 def ensure_team(session: Session, name: str) -> Team:
+    """The team `name`, created if it does not exist yet. Safe when concurrent requests race to create
+    it: `INSERT ... ON CONFLICT DO NOTHING` (PostgreSQL waits for a racing insert to commit or roll
+    back), then the row is read, whoever inserted it."""
     team = session.scalar(select(Team).where(Team.name == name))
-    if team is None:
-        team = Team(name=name)
-        session.add(team)
-        session.flush()
-    return team
+    if team is not None:
+        return team
+    insert = postgresql_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    session.execute(insert(Team).values(name=name, created_at=utcnow())
+                    .on_conflict_do_nothing(index_elements=[Team.name]))
+    return session.scalars(select(Team).where(Team.name == name)).one()
 
 
 def create_token(session: Session, *, role: Role, team: Team | None = None, job_id: int | None = None,

@@ -1,15 +1,27 @@
 from __future__ import annotations
 
 import json
+import logging
+import re
+import threading
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from contextlib import suppress
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Path, Query, Request, Response
-from fastapi.responses import StreamingResponse
+import anyio
+import anyio.to_thread
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials
+from pydantic import BaseModel
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.types import Receive, Scope, Send
 
-from service.api.deps import Caller, Db, Person, Reporter
-from service.api.schemas import ErrorResponse, EventOut, JobOut, JobPage, MeasurementIn, MeasurementOut
+from service.api.deps import Caller, Db, Person, Reporter, Unstorable, bearer, check_storable
+from service.api.errors import INVALID_SPEC, ApiError
+from service.api.schemas import ErrorField, ErrorResponse, EventOut, JobOut, JobPage, MeasurementIn, MeasurementOut
 from service.api.submission import submit
 from service.api.views import event_out, job_out, job_summary
 from service.backend_options import BackendKind
@@ -25,28 +37,59 @@ from service.store.jobs import (
     list_jobs,
     visible_job,
 )
+from service.store.tokens import NotFound, authenticate
 from service.store.vocab import JobStatus
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 ERRORS: dict[int | str, dict[str, object]] = {
     404: {"model": ErrorResponse}, 409: {"model": ErrorResponse}, 422: {"model": ErrorResponse}}
 JobId = Annotated[int, Path(ge=1, le=2**63 - 1, description="The job's id.")]
 
+EVENT_STREAM = "text/event-stream"
+#: An event id as the stream sends it: digits, and small enough for a BIGINT comparison.
+EVENT_ID = re.compile(r"[0-9]{1,18}")
+HEARTBEAT_S = 15.0
 
-@router.post("", response_model=JobOut, status_code=201, responses=ERRORS,
+
+def rendered(model: BaseModel, status_code: int = 200) -> JSONResponse:
+    """`model` as the response, rendered now. Called inside the transaction that wrote it: a value no
+    response can carry raises here and the write rolls back, instead of committing a row that every
+    later read of the job fails on."""
+    try:
+        return JSONResponse(model.model_dump(mode="json"), status_code=status_code)
+    except (ValueError, RecursionError) as exc:  # UnicodeEncodeError, NaN, pydantic's serialisation errors
+        raise ApiError(422, "validation_error", "the request holds a value that cannot be stored and read back"
+                       f" ({type(exc).__name__}); send finite numbers and valid Unicode") from exc
+
+
+def storable(value: object, *, code: str = "validation_error") -> None:
+    """422 naming the field when `value` cannot be stored on both databases (see `check_storable`)."""
+    try:
+        check_storable(value)
+    except Unstorable as exc:
+        what = "spec" if code == INVALID_SPEC else "request"
+        raise ApiError(422, code, f"invalid {what}: {exc.loc}: {exc.message}",
+                       fields=[ErrorField(loc=exc.loc, message=exc.message)]) from exc
+
+
+@router.post("", response_model=JobOut, status_code=201,
+             responses={**ERRORS, 200: {"model": JobOut, "description": "The job an earlier request with the"
+                                        " same Idempotency-Key and body created."},
+                        503: {"model": ErrorResponse}},
              summary="Plan and queue a job")
-def create_job(spec: TrainingSpec, principal: Person, db: Db, request: Request, response: Response,
-               idempotency_key: Annotated[str | None, Header()] = None) -> JobOut:
+def create_job(spec: TrainingSpec, principal: Person, db: Db, request: Request,
+               idempotency_key: Annotated[str | None, Header()] = None) -> Response:
     """201 with the new job; 200 with the first job when the same `Idempotency-Key` and body come
     again; 409 when the key comes with a different body; 422 when no layout fits."""
+    storable(spec.model_dump(mode="json"), code=INVALID_SPEC)  # whatever the spec's own checks let through
     job_id, created = submit(db, principal, spec, idempotency_key, request.app.state.configured_backends)
     with db.begin() as session:
         out = job_out(session, visible_job(session, principal, job_id, detail=True))
+        response = rendered(out, 201 if created else 200)
     if created:
         request.app.state.metrics.submissions.labels(team=out.team).inc()
-    else:
-        response.status_code = 200
-    return out
+    return response
 
 
 @router.get("", response_model=JobPage, summary="List jobs, newest first")
@@ -72,54 +115,173 @@ def get_job(job_id: JobId, principal: Caller, db: Db) -> JobOut:
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, responses=ERRORS)
-def cancel(job_id: JobId, principal: Person, db: Db) -> JobOut:
+def cancel(job_id: JobId, principal: Person, db: Db) -> Response:
     """Idempotent. A queued job is cancelled at once; a submitted one moves to CANCELLING and the
     dispatcher finishes it on the backend."""
     with db.begin() as session:
         job = cancel_job(session, principal, job_id)
-        return job_out(session, job)
+        return rendered(job_out(session, job))
 
 
-@router.get("/{job_id}/events", response_model=list[EventOut], responses=ERRORS,
-            summary="The event history; `Accept: text/event-stream` (or ?stream=true) follows it live")
-def get_events(job_id: JobId, principal: Caller, db: Db, request: Request,
-               after: Annotated[int, Query(ge=0, le=2**63 - 1, description="Only events with a larger id.")] = 0,
-               stream: bool = False, last_event_id: Annotated[str | None, Header()] = None) -> object:
+class StreamSlots:
+    """The live event streams of this process, in all and per token, so that streams cannot take
+    every connection and database poll the other endpoints need."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: Counter[str] = Counter()
+
+    @property
+    def total(self) -> int:
+        with self._lock:
+            return sum(self._open.values())
+
+    def acquire(self, token_id: str, *, total: int, per_token: int) -> Callable[[], None]:
+        """Take a slot for `token_id`; returns the (idempotent) release. `ApiError` 429 when full."""
+        with self._lock:
+            if self._open[token_id] >= per_token:
+                raise _too_many(f"this token has {self._open[token_id]} live event streams open (at most"
+                                f" {per_token})")
+            if sum(self._open.values()) >= total:
+                raise _too_many(f"this server has its {total} live event streams open (at most {total})")
+            self._open[token_id] += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            with self._lock:
+                if not released:
+                    released = True
+                    self._open[token_id] -= 1
+                    if self._open[token_id] <= 0:
+                        del self._open[token_id]
+
+        return release
+
+
+def _too_many(why: str) -> ApiError:
+    return ApiError(429, "too_many_requests", f"{why}; close one, or read GET .../events?after=<id> without"
+                    " streaming", headers={"Retry-After": "5"})
+
+
+class EventStreamResponse(StreamingResponse):
+    """Server-sent events that stop when the client goes away (whatever the ASGI version), and give
+    their stream slot back however they end."""
+
+    def __init__(self, content: AsyncIterator[str], release: Callable[[], None]) -> None:
+        super().__init__(content, media_type=EVENT_STREAM,
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            async with anyio.create_task_group() as group:
+
+                async def stream() -> None:
+                    with suppress(OSError):  # the client went away mid-write
+                        await self.stream_response(send)
+                    group.cancel_scope.cancel()
+
+                group.start_soon(stream)
+                await self.listen_for_disconnect(receive)
+                group.cancel_scope.cancel()
+        finally:
+            self.release()
+
+
+def _sse(kind: str, data: object, event_id: int | None = None) -> str:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {kind}\ndata: {json.dumps(data)}\n\n"
+
+
+def _poll(db: sessionmaker[Session], secret: str, job_id: int, after: int) -> tuple[list[EventOut], bool] | str:
+    """One poll, in one transaction: the token again (a revoked or expired one ends the stream), the
+    job (still visible to it), the events after `after`. A string names why the stream must end."""
     with db.begin() as session:
-        job = visible_job(session, principal, job_id)
-        if not (stream or "text/event-stream" in request.headers.get("accept", "")):
-            return [event_out(e) for e in list_events(session, job, after=after)]
-    start = int(last_event_id) if last_event_id and last_event_id.isdigit() else after
-    poll = request.app.state.settings.events_poll_s
-    return StreamingResponse(_event_stream(db, principal, job_id, start, poll), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        principal = authenticate(session, secret)
+        if principal is None:
+            return "unauthorized"
+        try:
+            job = visible_job(session, principal, job_id)
+        except NotFound:
+            return "not_found"
+        return [event_out(e) for e in list_events(session, job, after=after)], is_terminal(job)
 
 
-def _event_stream(db: Db, principal: Caller, job_id: int, after: int, poll_s: float) -> Iterator[str]:
-    """Server-sent events until the job is terminal and every event has been sent."""
+async def event_stream(db: sessionmaker[Session], secret: str, job_id: int, after: int,
+                       poll_s: float) -> AsyncIterator[str]:
+    """Server-sent events until the job is terminal and every event has been sent. Runs on the event
+    loop: it sleeps there, and each poll borrows a worker thread only for its database reads."""
     last_beat = time.monotonic()
     while True:
-        with db.begin() as session:
-            job = visible_job(session, principal, job_id)
-            events = [event_out(e) for e in list_events(session, job, after=after)]
-            done = is_terminal(job)
+        try:
+            polled = await anyio.to_thread.run_sync(_poll, db, secret, job_id, after)
+        except Exception:  # the database went away: say so, rather than cut the stream mid-message
+            log.exception("event stream of job %s: poll failed", job_id)
+            yield _sse("error", {"error": {"code": "unavailable", "message": "the database did not answer;"
+                                           " reconnect with Last-Event-ID"}})
+            return
+        if isinstance(polled, str):
+            message = {"unauthorized": "the token is no longer valid (revoked or expired)",
+                       "not_found": f"no job {job_id}"}[polled]
+            yield _sse("error", {"error": {"code": polled, "message": message}})
+            return
+        events, done = polled
         for event in events:
             after = event.id
-            yield f"id: {event.id}\nevent: {event.kind}\ndata: {json.dumps(event.model_dump(mode='json'))}\n\n"
+            yield _sse(event.kind, event.model_dump(mode="json"), event.id)
         if done and not events:
-            yield "event: end\ndata: {}\n\n"
+            yield _sse("end", {})
             return
-        if time.monotonic() - last_beat > 15:
+        if time.monotonic() - last_beat > HEARTBEAT_S:
             last_beat = time.monotonic()
             yield ": keep-alive\n\n"
         if not events:
-            time.sleep(poll_s)
+            await anyio.sleep(poll_s)
+
+
+EVENT_RESPONSES: dict[int | str, dict[str, object]] = {
+    **ERRORS,
+    200: {"description": "The events as JSON, or with `Accept: text/event-stream` (or ?stream=true) a live"
+          " stream: one `id:`/`event: <kind>`/`data: <EventOut JSON>` message per event, `: keep-alive`"
+          " comments, and a last `event: end` when the job is terminal (`event: error` when the token stops"
+          " working).",
+          "content": {EVENT_STREAM: {"schema": {"type": "string"}}}},
+    400: {"model": ErrorResponse, "description": "Last-Event-ID is not an event id."},
+    429: {"model": ErrorResponse, "description": "Too many live streams for this token or this server."},
+}
+
+
+@router.get("/{job_id}/events", response_model=list[EventOut], responses=EVENT_RESPONSES,
+            summary="The event history; `Accept: text/event-stream` (or ?stream=true) follows it live")
+def get_events(job_id: JobId, principal: Caller, db: Db, request: Request,
+               credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+               after: Annotated[int, Query(ge=0, le=2**63 - 1, description="Only events with a larger id.")] = 0,
+               stream: bool = False,
+               last_event_id: Annotated[str, Header(
+                   description="Resume a stream after this event id (what the stream sent as `id:`).",
+                   json_schema_extra={"pattern": f"^{EVENT_ID.pattern}$"})] = "") -> object:
+    if last_event_id and EVENT_ID.fullmatch(last_event_id) is None:  # empty: none, as EventSource means it
+        raise ApiError(400, "bad_request", "Last-Event-ID must be an event id: 1 to 18 digits")
+    with db.begin() as session:
+        job = visible_job(session, principal, job_id)
+        if not (stream or EVENT_STREAM in request.headers.get("accept", "")):
+            return [event_out(e) for e in list_events(session, job, after=after)]
+    assert credentials is not None  # `Caller` answered 401 without one
+    limits = request.app.state.limits
+    release = request.app.state.streams.acquire(principal.token_id, total=limits.max_streams,
+                                                per_token=limits.max_streams_per_token)
+    start = int(last_event_id) if last_event_id else after
+    poll_s = request.app.state.settings.events_poll_s
+    return EventStreamResponse(event_stream(db, credentials.credentials, job_id, start, poll_s), release)
 
 
 @router.post("/{job_id}/measurements", response_model=MeasurementOut, status_code=201, responses=ERRORS,
              summary="Report a heartbeat, the final report or a profile summary (job token or admin)")
-def report(job_id: JobId, body: MeasurementIn, principal: Reporter, db: Db) -> MeasurementOut:
+def report(job_id: JobId, body: MeasurementIn, principal: Reporter, db: Db) -> Response:
+    storable(body.data)
     with db.begin() as session:
         job = visible_job(session, principal, job_id)
         row = add_measurement(session, principal, job, body.kind, body.data)
-        return MeasurementOut(kind=row.kind, at=row.at, data=row.data)
+        return rendered(MeasurementOut(kind=row.kind, at=row.at, data=row.data), 201)
+

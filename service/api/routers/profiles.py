@@ -10,14 +10,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, File, Request, UploadFile
+from fastapi import APIRouter, File, Request, Response, UploadFile
 from pydantic import BaseModel, Field, ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.api.deps import Caller, Db, Reporter
+from service.api.deps import Caller, Db, Reporter, Unstorable, check_storable
 from service.api.errors import ApiError
-from service.api.routers.jobs import ERRORS, JobId
+from service.api.routers.jobs import ERRORS, JobId, rendered, storable
 from service.profiles import ProfileSummary, TraceError, analyze_traces
 from service.store.jobs import add_measurement, visible_job
 from service.store.models import Job, Measurement
@@ -44,25 +44,29 @@ class AnalysisAccepted(BaseModel):
 
 @router.post("/{job_id}/profiles", response_model=ProfileOut, status_code=201, responses=ERRORS,
              summary="Store a ProfileSummary (job token or admin)")
-def post_profile(job_id: JobId, summary: ProfileSummary, principal: Reporter, db: Db) -> ProfileOut:
+def post_profile(job_id: JobId, summary: ProfileSummary, principal: Reporter, db: Db) -> Response:
     """A JSON body is a summary. Trace files sent here as `multipart/form-data` are handled exactly as
     by `POST /v1/jobs/{job_id}/profiles/traces` (202, analysed in the background)."""
+    data = summary.model_dump(mode="json")
+    storable(data)  # "NaN" or "Infinity" as strings are floats to pydantic, and no JSON number
     with db.begin() as session:
         job = visible_job(session, principal, job_id)
-        row = add_measurement(session, principal, job, MeasurementKind.PROFILE, summary.model_dump(mode="json"))
-        return ProfileOut(at=row.at, summary=row.data)
+        row = add_measurement(session, principal, job, MeasurementKind.PROFILE, data)
+        return rendered(ProfileOut(at=row.at, summary=row.data), 201)
 
 
 @router.post("/{job_id}/profiles/traces", response_model=AnalysisAccepted, status_code=202, responses=ERRORS,
              summary="Upload one PyTorch trace per rank (plain or gzip JSON); analysed in the background")
 def post_traces(job_id: JobId, principal: Reporter, db: Db, request: Request,
-                files: Annotated[list[UploadFile], File(description="One Chrome/Kineto trace per rank.")]
+                files: Annotated[list[UploadFile], File(description="One Chrome/Kineto trace per rank.",
+                                                        min_length=1, max_length=MAX_FILES)]
                 ) -> AnalysisAccepted:
     """Each file is copied to the data directory (at most `SHARDCTL_MAX_TRACE_BYTES` each, 512 MiB by
-    default, and 64 files; the multipart parser spools the body to temporary files first); the
-    analysis runs in a background thread, at most `SHARDCTL_MAX_TRACE_EVENTS` complete events per rank,
-    and stores its summary, or a `job.profile_failed` event with the reason. Nothing is kept of a
-    refused upload."""
+    default, and 64 files). The whole request body is at most `SHARDCTL_MAX_UPLOAD_BYTES` (2 GiB by
+    default), counted as it arrives and read only after the token is checked; the multipart parser
+    spools it to temporary files first. The analysis runs in a background thread, at most
+    `SHARDCTL_MAX_TRACE_EVENTS` complete events per rank, and stores its summary, or a
+    `job.profile_failed` event with the reason. Nothing is kept of a refused upload."""
     with db.begin() as session:
         visible_job(session, principal, job_id)
     if not 0 < len(files) <= MAX_FILES:
@@ -114,7 +118,11 @@ def _analyse(db: sessionmaker[Session], principal: Principal, job_id: int, paths
     try:
         predicted = _predicted_comm(db, job_id)
         summary = analyze_traces(paths, predicted_comm_fraction=predicted, max_events=max_events)
-        outcome: tuple[str, Any] = ("profile", summary.model_dump(mode="json"))
+        data = summary.model_dump(mode="json")
+        check_storable(data)  # a summary no response could carry back would break every read of the job
+        outcome: tuple[str, Any] = ("profile", data)
+    except Unstorable as exc:
+        outcome = ("failed", f"the analysis produced a summary that cannot be stored ({exc})")
     except TraceError as exc:
         outcome = ("failed", str(exc))
     except Exception as exc:  # the thread is the only one that can still tell the user
