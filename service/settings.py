@@ -20,6 +20,13 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default_factory=lambda: Path(platformdirs.user_data_dir("shardctl")))
     database_url: str | None = Field(None, description="e.g. postgresql+psycopg://user@host/db")
     max_body_bytes: int = 1 << 20
+    max_upload_bytes: int = Field(
+        2 << 30, gt=0, description="Largest request body of one trace upload, all its files together (2 GiB)."
+        " Each file is also limited to SHARDCTL_MAX_TRACE_BYTES.")
+    max_streams: int = Field(256, ge=1, description="Live event streams one API process serves at once; one"
+                             " more is a 429.")
+    max_streams_per_token: int = Field(16, ge=1, description="Live event streams one token holds open at once;"
+                                       " one more is a 429.")
     max_trace_bytes: int = Field(512 << 20, gt=0, description="Largest trace file one upload may carry.")
     max_trace_events: int = Field(4_000_000, gt=0, description="Complete events analysed per rank (bounds memory).")
     events_poll_s: float = 0.5

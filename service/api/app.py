@@ -29,7 +29,6 @@ from service.api.deps import (
     MISSING_TOKEN,
     PRINCIPAL_SCOPE_KEY,
     UNAUTHORIZED_HEADERS,
-    ApiLimits,
     MalformedJson,
     Unstorable,
     bearer,
@@ -237,8 +236,8 @@ class RequestGate:
                 return errors.error_response(401, "unauthorized", BAD_TOKEN if secret else MISSING_TOKEN,
                                              headers=UNAUTHORIZED_HEADERS), receive
             scope[PRINCIPAL_SCOPE_KEY] = principal
-        settings, limits = self.api.state.settings, self.api.state.limits
-        limit: int = limits.max_upload_bytes if needs.body == "form" else settings.max_body_bytes
+        settings = self.api.state.settings
+        limit: int = settings.max_upload_bytes if needs.body == "form" else settings.max_body_bytes
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > limit):
             return _too_large(limit), receive
@@ -330,20 +329,18 @@ def document_responses(app: FastAPI, schema: dict[str, Any]) -> dict[str, Any]:
 
 def create_app(settings: Settings | None = None, *, engine: Engine | None = None,
                launch_preview: LaunchPreview | None = None,
-               configured_backends: Collection[str] | None = None,
-               limits: ApiLimits | None = None) -> FastAPI:
+               configured_backends: Collection[str] | None = None) -> FastAPI:
     """An app on `settings.database_url` (or `engine`). The schema must be migrated already
     (`shardctl db upgrade`; `shardctl serve` does it). `launch_preview(spec, plan)` renders what a
     backend would be sent; `configured_backends` are the backend kinds the dispatchers run, and a
     spec for another is a 422 at submit (None: not checked). The composition module
-    (`service.cli.wiring`) passes both; the API never imports workers. `limits`: upload size and
-    live event streams (default: from `SHARDCTL_*` variables)."""
+    (`service.cli.wiring`) passes both; the API never imports workers. Limits (bodies, uploads,
+    live event streams) are `settings` fields."""
     settings = settings or Settings()
     engine = engine or make_engine(settings.resolved_database_url)
     app = FastAPI(title="shardctl", version="0.1.0",
                   description="Plan, launch and track distributed training jobs.")
     app.state.settings = settings
-    app.state.limits = limits or ApiLimits()
     app.state.streams = jobs.StreamSlots()
     app.state.engine = engine
     app.state.sessions = make_sessionmaker(engine)

@@ -10,8 +10,6 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.api.errors import ApiError
@@ -25,20 +23,6 @@ PRINCIPAL_SCOPE_KEY = "shardctl.principal"
 UNAUTHORIZED_HEADERS = {"WWW-Authenticate": "Bearer"}
 MISSING_TOKEN = "missing bearer token: send 'Authorization: Bearer shc_...'"
 BAD_TOKEN = "unknown, revoked or expired token"
-
-
-class ApiLimits(BaseSettings):
-    """Limits of the API process (`SHARDCTL_*` environment variables, like `Settings`)."""
-
-    model_config = SettingsConfigDict(env_prefix="SHARDCTL_", extra="ignore")
-
-    max_upload_bytes: int = Field(
-        2 << 30, gt=0, description="Largest request body of one trace upload, all its files together (2 GiB)."
-        " Each file is also limited to SHARDCTL_MAX_TRACE_BYTES.")
-    max_streams: int = Field(256, ge=1, description="Live event streams this API process serves at once; one"
-                             " more is a 429.")
-    max_streams_per_token: int = Field(16, ge=1, description="Live event streams one token holds open at once;"
-                                       " one more is a 429.")
 
 
 def get_db(request: Request) -> sessionmaker[Session]:

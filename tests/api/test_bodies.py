@@ -137,12 +137,23 @@ def test_a_profile_with_nan_as_a_string_is_a_422(env: Env, admin: dict[str, str]
     _everything_still_reads(env, admin, job_id)
 
 
-def test_a_write_whose_response_cannot_be_rendered_rolls_back(env: Env, admin: dict[str, str],
+@pytest.fixture
+def sqlite_env(tmp_path: Path) -> Iterator[Env]:
+    """SQLite alone: PostgreSQL refuses a lone surrogate at the INSERT already (and rolls back)."""
+    from service.store import migrate
+    from tests.db_fixtures import _env
+
+    url = f"sqlite:///{tmp_path / 'shardctl.db'}"
+    migrate.upgrade(url)
+    yield from _env(url, tmp_path)
+
+
+def test_a_write_whose_response_cannot_be_rendered_rolls_back(sqlite_env: Env,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Should a value ever pass the checks at the door, the route renders its response before the
     transaction commits: the write rolls back instead of leaving a row that no read can return."""
-    if not env.url.startswith("sqlite"):
-        pytest.skip("PostgreSQL refuses a lone surrogate at the INSERT already (and rolls back)")
+    env = sqlite_env
+    admin = env.headers(env.token("admin"))
     from service.api import app as app_module
     from service.api.routers import jobs
 
@@ -307,7 +318,7 @@ def test_a_trace_upload_has_a_total_cap_per_request(env: Env, live: str) -> None
     body arrives (chunked, so no Content-Length to check first), and nothing is kept."""
     admin = env.headers(env.token("admin"))
     env.app.state.settings.max_trace_bytes = 1 * MIB
-    env.app.state.limits.max_upload_bytes = 2 * MIB
+    env.app.state.settings.max_upload_bytes = 2 * MIB
     body = _multipart({f"rank-{i}.json": b" " * (MIB - 1000) for i in range(4)})
     with httpx.Client(base_url=live, timeout=60) as client:
         job_id = client.post("/v1/jobs", json=tiny(), headers=admin).json()["id"]

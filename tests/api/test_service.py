@@ -42,9 +42,9 @@ def test_oversized_bodies_are_refused(env: Env, admin: dict[str, str]) -> None:
     assert r.status_code == 413 and r.json()["error"]["code"] == "too_large"
 
 
-def test_malformed_json_is_a_422_with_the_stable_shape(env: Env, admin: dict[str, str]) -> None:
+def test_malformed_json_is_a_400_with_the_stable_shape(env: Env, admin: dict[str, str]) -> None:
     r = env.client.post("/v1/jobs", content=b"{not json", headers={**admin, "Content-Type": "application/json"})
-    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_spec"  # the spec body of POST /v1/jobs
+    assert r.status_code == 400 and r.json()["error"]["code"] == "bad_request"  # not JSON at all: not a spec
 
 
 def test_openapi_is_served_with_every_resource(env: Env) -> None:

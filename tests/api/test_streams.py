@@ -114,7 +114,7 @@ def test_a_stream_ends_when_its_token_expires(env: Env, live: str) -> None:
 
 
 def test_streams_are_capped_per_token_and_in_all(env: Env, live: str) -> None:
-    limits = env.app.state.limits
+    limits = env.app.state.settings
     limits.max_streams_per_token, limits.max_streams = 2, 3
     admin = env.headers(env.token("admin"))
     job_id = _queued_job(env, admin)

@@ -83,7 +83,8 @@ def create_job(spec: TrainingSpec, principal: Person, db: Db, request: Request,
     """201 with the new job; 200 with the first job when the same `Idempotency-Key` and body come
     again; 409 when the key comes with a different body; 422 when no layout fits."""
     storable(spec.model_dump(mode="json"), code=INVALID_SPEC)  # whatever the spec's own checks let through
-    job_id, created = submit(db, principal, spec, idempotency_key, request.app.state.configured_backends)
+    job_id, created = submit(db, principal, spec, idempotency_key, request.app.state.configured_backends,
+                             request.app.state.settings)
     with db.begin() as session:
         out = job_out(session, visible_job(session, principal, job_id, detail=True))
         response = rendered(out, 201 if created else 200)
@@ -268,7 +269,7 @@ def get_events(job_id: JobId, principal: Caller, db: Db, request: Request,
         if not (stream or EVENT_STREAM in request.headers.get("accept", "")):
             return [event_out(e) for e in list_events(session, job, after=after)]
     assert credentials is not None  # `Caller` answered 401 without one
-    limits = request.app.state.limits
+    limits = request.app.state.settings
     release = request.app.state.streams.acquire(principal.token_id, total=limits.max_streams,
                                                 per_token=limits.max_streams_per_token)
     start = int(last_event_id) if last_event_id else after
