@@ -27,6 +27,11 @@ class Settings(BaseSettings):
                              " more is a 429.")
     max_streams_per_token: int = Field(16, ge=1, description="Live event streams one token holds open at once;"
                                        " one more is a 429.")
+    profile_workers: int = Field(1, ge=1, le=64, description="Trace analyses run at once (each holds at most"
+                                 " max_trace_events events of one rank in memory).")
+    profile_queue: int = Field(4, ge=0, le=1024, description="Uploads waiting for an analysis; one more is a 503.")
+    max_profiles_per_job: int = Field(64, ge=1, description="Profile summaries one job may hold (posted or"
+                                      " analysed from uploads); one more is a 409.")
     max_trace_bytes: int = Field(512 << 20, gt=0, description="Largest trace file one upload may carry.")
     max_trace_events: int = Field(4_000_000, gt=0, description="Complete events analysed per rank (bounds memory).")
     events_poll_s: float = 0.5

@@ -23,6 +23,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api import errors
+from service.api.analysis import AnalysisPool
 from service.api.deps import (
     BAD_TOKEN,
     MAX_JSON_DEPTH,
@@ -342,6 +343,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
                   description="Plan, launch and track distributed training jobs.")
     app.state.settings = settings
     app.state.streams = jobs.StreamSlots()
+    app.state.analyses = AnalysisPool(settings.profile_workers, settings.profile_queue)
     app.state.engine = engine
     app.state.sessions = make_sessionmaker(engine)
     app.state.metrics = make_metrics(app.state.sessions)

@@ -115,3 +115,60 @@ def test_a_job_whose_plan_cannot_be_read_still_gets_its_profile(env: Env, admin:
     (profile,) = env.client.get(f"/v1/jobs/{job_id}/profiles", headers=member).json()
     assert profile["summary"]["diagnosis"]["bound"] == "input" and profile["summary"]["diagnosis"]["plan"] is None
     assert not list((env.app.state.settings.data_dir / "profiles" / str(job_id)).glob("*/*"))
+
+
+def _set_status(env: Env, job_id: int, status: str) -> None:
+    from service.store.models import Job
+    from service.store.vocab import JobStatus
+
+    with env.app.state.sessions.begin() as session:
+        session.get(Job, job_id).status = JobStatus(status)
+
+
+def test_a_job_token_uploads_traces_only_while_its_job_runs(env: Env, admin: dict[str, str]) -> None:
+    job_id, _ = _job(env)
+    job_token = env.headers(env.token("job", job_id=job_id))
+    files = [("files", (p.name, p.read_bytes(), "application/gzip")) for p in GLOO]
+    r = env.client.post(f"/v1/jobs/{job_id}/profiles/traces", files=files, headers=job_token)
+    assert r.status_code == 409 and "while its job runs" in r.json()["error"]["message"]  # still QUEUED
+    _set_status(env, job_id, "RUNNING")
+    assert env.client.post(f"/v1/jobs/{job_id}/profiles/traces", files=files, headers=job_token).status_code == 202
+    _wait_for(env, job_id, admin, "job.profile")
+    _set_status(env, job_id, "SUCCEEDED")
+    assert env.client.post(f"/v1/jobs/{job_id}/profiles/traces", files=files, headers=job_token).status_code == 409
+    assert env.client.post(f"/v1/jobs/{job_id}/profiles/traces", files=files, headers=admin).status_code == 202
+
+
+def test_a_job_holds_a_bounded_number_of_profiles(env: Env, admin: dict[str, str]) -> None:
+    env.app.state.settings.max_profiles_per_job = 2
+    job_id, _ = _job(env)
+    summary = analyze_traces(GLOO).model_dump(mode="json")
+    codes = [env.client.post(f"/v1/jobs/{job_id}/profiles", json=summary, headers=admin).status_code
+             for _ in range(3)]
+    assert codes == [201, 201, 409]
+    files = [("files", (p.name, p.read_bytes(), "application/gzip")) for p in GLOO]
+    r = env.client.post(f"/v1/jobs/{job_id}/profiles/traces", files=files, headers=admin)
+    assert r.status_code == 409 and "SHARDCTL_MAX_PROFILES_PER_JOB" in r.json()["error"]["message"]
+    assert len(env.client.get(f"/v1/jobs/{job_id}/profiles", headers=admin).json()) == 2
+
+
+def test_uploads_beyond_the_analysis_queue_are_a_503_and_leave_nothing(env: Env, admin: dict[str, str]) -> None:
+    import threading
+
+    from service.api.analysis import AnalysisPool
+
+    release = threading.Event()
+    pool = AnalysisPool(workers=1, queue=1)
+    pool.submit(release.wait)  # the worker is busy
+    pool.submit(release.wait)  # and the one queue place is taken
+    env.app.state.analyses = pool
+    job_id, _ = _job(env)
+    files = [("files", (p.name, p.read_bytes(), "application/gzip")) for p in GLOO]
+    try:
+        r = env.client.post(f"/v1/jobs/{job_id}/profiles/traces", files=files, headers=admin)
+        assert r.status_code == 503 and r.headers["Retry-After"] == "60"
+        assert r.json()["error"]["code"] == "analysis_busy"
+        assert not list((env.app.state.settings.data_dir / "profiles" / str(job_id)).glob("*/*"))
+    finally:
+        release.set()
+        pool.shutdown()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import threading
 import uuid
 from datetime import datetime
 from pathlib import Path
@@ -12,9 +11,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, File, Request, Response, UploadFile
 from pydantic import BaseModel, Field, ValidationError
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.api.analysis import AnalysisBusy
 from service.api.deps import Caller, Db, Reporter, Unstorable, check_storable
 from service.api.errors import ApiError
 from service.api.routers.jobs import ERRORS, JobId, rendered, storable
@@ -23,7 +23,7 @@ from service.store.jobs import add_measurement, visible_job
 from service.store.models import Job, Measurement
 from service.store.states import add_event
 from service.store.tokens import Principal
-from service.store.vocab import EventKind, MeasurementKind
+from service.store.vocab import EventKind, JobStatus, MeasurementKind, Role
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/jobs", tags=["profiles"])
@@ -44,13 +44,15 @@ class AnalysisAccepted(BaseModel):
 
 @router.post("/{job_id}/profiles", response_model=ProfileOut, status_code=201, responses=ERRORS,
              summary="Store a ProfileSummary (job token or admin)")
-def post_profile(job_id: JobId, summary: ProfileSummary, principal: Reporter, db: Db) -> Response:
+def post_profile(job_id: JobId, summary: ProfileSummary, principal: Reporter, db: Db, request: Request) -> Response:
     """A JSON body is a summary. Trace files sent here as `multipart/form-data` are handled exactly as
     by `POST /v1/jobs/{job_id}/profiles/traces` (202, analysed in the background)."""
     data = summary.model_dump(mode="json")
     storable(data)  # "NaN" or "Infinity" as strings are floats to pydantic, and no JSON number
     with db.begin() as session:
         job = visible_job(session, principal, job_id)
+        check_room_for_a_profile(session, principal, job, request.app.state.settings.max_profiles_per_job,
+                                 uploading=False)
         row = add_measurement(session, principal, job, MeasurementKind.PROFILE, data)
         return rendered(ProfileOut(at=row.at, summary=row.data), 201)
 
@@ -67,12 +69,13 @@ def post_traces(job_id: JobId, principal: Reporter, db: Db, request: Request,
     spools it to temporary files first. The analysis runs in a background thread, at most
     `SHARDCTL_MAX_TRACE_EVENTS` complete events per rank, and stores its summary, or a
     `job.profile_failed` event with the reason. Nothing is kept of a refused upload."""
+    settings = request.app.state.settings
     with db.begin() as session:
-        visible_job(session, principal, job_id)
+        check_room_for_a_profile(session, principal, visible_job(session, principal, job_id),
+                                 settings.max_profiles_per_job, uploading=True)
     if not 0 < len(files) <= MAX_FILES:
         raise ApiError(422, "validation_error", f"send 1 to {MAX_FILES} trace files, one per rank")
     upload = uuid.uuid4().hex[:12]
-    settings = request.app.state.settings
     folder: Path = settings.data_dir / "profiles" / str(job_id) / upload
     folder.mkdir(parents=True, exist_ok=True)
     total, paths = 0, []
@@ -93,10 +96,28 @@ def post_traces(job_id: JobId, principal: Reporter, db: Db, request: Request,
     except ApiError:
         shutil.rmtree(folder, ignore_errors=True)
         raise
-    threading.Thread(target=_analyse, args=(db, principal, job_id, paths, folder, settings.max_trace_events),
-                     daemon=True,
-                     name=f"profile-{job_id}-{upload}").start()
+    try:
+        request.app.state.analyses.submit(
+            lambda: _analyse(db, principal, job_id, paths, folder, settings.max_trace_events))
+    except AnalysisBusy as exc:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise ApiError(503, "analysis_busy", f"{exc}: upload again in a minute, or analyse the traces offline"
+                       " (`shardctl profile analyze`) and post the summary", headers={"Retry-After": "60"}) from exc
     return AnalysisAccepted(upload=upload, files=len(paths), bytes=total)
+
+
+def check_room_for_a_profile(session: Session, principal: Principal, job: Job, limit: int, *,
+                             uploading: bool) -> None:
+    """409 when the job already holds `limit` profile summaries, or, for trace uploads, when a job
+    token's job is not running (its token uploads while it runs; an admin may upload any time)."""
+    if uploading and principal.role == Role.JOB and job.status != JobStatus.RUNNING:
+        raise ApiError(409, "conflict", f"job {job.id} is {job.status.value}: a job token uploads profiles while"
+                       " its job runs; an admin may add them later")
+    held = session.scalar(select(func.count()).select_from(Measurement).where(
+        Measurement.job_id == job.id, Measurement.kind == MeasurementKind.PROFILE)) or 0
+    if held >= limit:
+        raise ApiError(409, "conflict", f"job {job.id} already holds {held} profile summaries (the most one job"
+                       " may hold: SHARDCTL_MAX_PROFILES_PER_JOB)")
 
 
 def _predicted_comm(db: sessionmaker[Session], job_id: int) -> float | None:
