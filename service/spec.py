@@ -293,7 +293,17 @@ class EntrypointSpec(_Strict):
 
     command: list[str] = Field(min_length=1)
     image: str | None = Field(None, description="Container image (Kubernetes; Slurm with a container runtime).")
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict, description="Variables every rank gets. Write-only: the"
+                                " API shows their names, never their values, unless named in public_env.")
+    public_env: list[str] = Field(default_factory=list, max_length=256,
+                                  description="Names in env whose values the API may show (e.g. MODE, LOG_LEVEL).")
+
+    @model_validator(mode="after")
+    def _public_names_exist(self) -> EntrypointSpec:
+        unknown = sorted(set(self.public_env) - set(self.env))
+        if unknown:
+            raise ValueError(f"entrypoint.public_env names {unknown}, which entrypoint.env does not set")
+        return self
 
 
 class TrainingSpec(_Strict):

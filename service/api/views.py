@@ -15,12 +15,14 @@ REDACTED = "<redacted>"
 
 def redacted_spec(spec: TrainingSpec) -> TrainingSpec:
     """`spec` as responses show it: entrypoint.env is write-only, its names kept and every value
-    `<redacted>` (the env is where API keys and database URLs go; whoever submitted it has the file).
-    A copy: the stored spec is unchanged."""
+    `<redacted>` but those the spec names in `entrypoint.public_env` (the env is where API keys and
+    database URLs go; whoever submitted it has the file). A copy: the stored spec is unchanged."""
     entry = spec.entrypoint
     if entry is None or not entry.env:
         return spec
-    return spec.model_copy(update={"entrypoint": entry.model_copy(update={"env": dict.fromkeys(entry.env, REDACTED)})})
+    public = set(entry.public_env)
+    shown = {name: value if name in public else REDACTED for name, value in entry.env.items()}
+    return spec.model_copy(update={"entrypoint": entry.model_copy(update={"env": shown})})
 
 
 def job_summary(job: Job) -> JobSummary:

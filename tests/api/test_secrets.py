@@ -66,6 +66,16 @@ def test_job_responses_show_the_entrypoint_env_names_but_never_their_values(env:
         assert stored.spec.entrypoint.env == SECRET_ENV
 
 
+def test_values_the_spec_marks_public_are_shown(env: Env, admin: dict[str, str]) -> None:
+    spec = tiny(entrypoint={"command": ["python", "-c", "pass"], "env": {**SECRET_ENV, "MODE": "eval"},
+                            "public_env": ["MODE"]})
+    body = env.client.post("/v1/jobs", json=spec, headers=admin).json()
+    assert body["spec"]["entrypoint"]["env"] == {**dict.fromkeys(SECRET_ENV, REDACTED), "MODE": "eval"}
+    r = env.client.post("/v1/jobs", json=tiny(entrypoint={"command": ["x"], "env": {}, "public_env": ["NOPE"]}),
+                        headers=admin)
+    assert r.status_code == 422 and "does not set" in r.json()["error"]["message"]
+
+
 # -- previews redact by value as well as by name ----------------------------------------------------
 
 
