@@ -18,7 +18,9 @@ import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationError,
     ValidatorFunctionWrapHandler,
     WrapValidator,
@@ -203,8 +205,22 @@ class GpuOverride(_Strict):
     hbm_gbps: Gbps | None = Field(None, description=_says("Memory bandwidth, GB/s:", "resources.gpu.hbm_gbps"))
 
 
+def _gpu_kind(value: Any) -> str:
+    return "inline" if isinstance(value, dict | GpuOverride) else "catalog"
+
+
+#: A catalog name, or an inline GPU; tagged so that an error names `resources.gpu.memory_gib`, not
+#: the union's members (`resources.gpu.str`, `resources.gpu.GpuOverride.memory_gib`).
+GpuChoice = Annotated[
+    Annotated[str, Tag("catalog")] | Annotated[GpuOverride, Tag("inline")],
+    Discriminator(_gpu_kind),
+]
+#: Union tags pydantic puts in error locations, by the field they follow.
+_UNION_TAGS = {"backend": {k.value for k in BackendKind}, "gpu": {"catalog", "inline"}}
+
+
 class Resources(_Strict):
-    gpu: str | GpuOverride = Field(description="A catalog name or an inline GPU.")
+    gpu: GpuChoice = Field(description="A catalog name or an inline GPU.")
     gpus_per_node: GpusPerNode = Field(8, description=_says("GPUs (or worker processes) per node:",
                                                             "resources.gpus_per_node"))
     nodes: GpuCount | None = Field(None, description=_says("Nodes:", "resources.nodes"))
@@ -341,11 +357,14 @@ class TrainingSpec(_Strict):
 
 
 def field_path(loc: tuple[int | str, ...]) -> str:
-    """A pydantic error location as the dotted path a user writes in the spec: `backend.sbatch`, not
-    the union's internal `backend.slurm.sbatch`."""
-    parts = list(loc)
-    if len(parts) > 1 and parts[0] == "backend" and parts[1] in {k.value for k in BackendKind}:
-        del parts[1]
+    """A pydantic error location as the dotted path a user writes in the spec: `backend.sbatch` and
+    `resources.gpu.memory_gib`, not the unions' internal `backend.slurm.sbatch` and
+    `resources.gpu.inline.memory_gib`."""
+    parts: list[int | str] = []
+    for part in loc:
+        if parts and part in _UNION_TAGS.get(str(parts[-1]), ()):
+            continue
+        parts.append(part)
     return ".".join(str(p) for p in parts)
 
 

@@ -47,3 +47,11 @@ def test_a_backend_the_server_does_not_run_is_refused_at_submit(env: Env, admin:
     r = env.client.post("/v1/plans", json=tiny(backend={"kind": "slurm"}), headers=admin)
     assert r.status_code == 422 and r.json()["error"]["details"]["configured_backends"] == ["local"]
     assert env.client.post("/v1/jobs", json=tiny(), headers=admin).status_code == 201
+
+
+def test_an_inline_gpu_error_names_the_field_not_the_union(env: Env, admin: dict[str, str]) -> None:
+    spec = tiny(resources={"gpu": {"name": "H100-SXM-80GB", "memory_gib": -1}})
+    fields = _fields(env, admin, spec)
+    assert list(fields) == ["resources.gpu.memory_gib"], fields
+    fields = _fields(env, admin, tiny(resources={"gpu": 5}))
+    assert fields == {"resources.gpu": "Input should be a valid string"}
