@@ -40,6 +40,7 @@ from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from service.jobenv import JobEnv
 from service.planner.result import Plan
+from service.redaction import redact_strings
 from service.spec import TrainingSpec
 from service.store.models import Attempt, Job, as_utc, utcnow
 from service.store.states import TERMINAL, add_event, transition
@@ -56,7 +57,6 @@ from workers.backends.base import (
     SubmissionRefused,
     TransientBackendError,
     attempt_name,
-    redact_strings,
     runtime_command,
 )
 

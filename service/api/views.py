@@ -5,12 +5,12 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from service.api.schemas import AttemptOut, EventOut, JobOut, JobSummary, MeasurementOut, TeamOut, TokenOut
+from service.redaction import REDACTED
 from service.spec import TrainingSpec
 from service.store.jobs import latest_measurements
 from service.store.models import ApiToken, Event, Job, Team
 
 #: What the API shows instead of a value of the spec's entrypoint.env (the backends' `REDACTED`).
-REDACTED = "<redacted>"
 
 
 def redacted_spec(spec: TrainingSpec) -> TrainingSpec:

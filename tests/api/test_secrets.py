@@ -18,13 +18,13 @@ from sqlalchemy import select, text
 
 from service.api.app import create_app
 from service.cli import client as cli_client
+from service.redaction import REDACTED, is_secret_env, redact_env, redact_value
 from service.settings import Settings
 from service.spec import TrainingSpec
 from service.store.db import make_engine, make_sessionmaker, private_sqlite_file
 from service.store.models import Job, utcnow
 from tests.db_fixtures import Env
 from tests.specs import tiny, tiny_plan
-from workers.backends.base import REDACTED, is_secret_env, redact_env, redact_value
 from workers.backends.local import LocalBackend
 from workers.dispatcher import launch_preview
 

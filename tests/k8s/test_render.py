@@ -14,10 +14,11 @@ from kubernetes import client
 from service.backend_options import KubernetesOptions, SlurmOptions
 from service.jobenv import OUT_DIR, PLAN, TOKEN
 from service.planner.result import Plan
+from service.redaction import REDACTED
 from tests.k8s.conftest import IMAGE, make_request
 from tests.k8s.fake_apiserver import FakeApiServer
 from tests.k8s.schemas import require_crd_schemas, validate
-from workers.backends.base import REDACTED, SubmissionRefused
+from workers.backends.base import SubmissionRefused
 from workers.backends.kubernetes import KubernetesBackend
 from workers.backends.kubernetes.naming import MAX_NAME, OBJECT_KINDS, ObjectKind, k8s_name
 from workers.backends.kubernetes.render import (

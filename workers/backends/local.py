@@ -24,16 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from service.jobenv import PLAN, REVEAL
-from workers.backends.base import (
-    Handle,
-    LaunchRequest,
-    Observation,
-    Rendered,
-    RunState,
-    SubmissionRefused,
-    redact_env,
-    redact_strings,
-)
+from service.redaction import redact_env, redact_strings
+from workers.backends.base import Handle, LaunchRequest, Observation, Rendered, RunState, SubmissionRefused
 from workers.backends.local_supervisor import (
     job_environment,
     node_commands,

@@ -27,7 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from service.backend_options import KubernetesOptions
 from service.jobenv import PLAN, TOKEN
-from workers.backends.base import REDACTED, LaunchRequest, SubmissionRefused, is_secret_env, torchrun_command
+from service.redaction import REDACTED, is_secret_env
+from workers.backends.base import LaunchRequest, SubmissionRefused, torchrun_command
 from workers.backends.kubernetes.naming import (
     ANNOTATION_TEAM,
     COMPLETION_INDEX,

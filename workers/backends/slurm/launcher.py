@@ -22,7 +22,7 @@ import submitit
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_serializer
 
 from service.jobenv import PLAN
-from workers.backends.base import REDACTED
+from service.redaction import REDACTED
 
 #: The job's first host as the shell would compute it. It stands in the rendered `--rdzv-endpoint`;
 #: the launcher replaces it with `submitit.JobEnvironment().hostnames[0]`, the same host.

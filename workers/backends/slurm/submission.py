@@ -25,7 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from submitit.slurm.slurm import _make_sbatch_string
 
 from service.backend_options import SlurmOptions, sbatch_flag, time_limit_minutes
-from workers.backends.base import LaunchRequest, SubmissionRefused, is_secret_env, torchrun_command
+from service.redaction import is_secret_env
+from workers.backends.base import LaunchRequest, SubmissionRefused, torchrun_command
 from workers.backends.slurm.launcher import FIRST_HOST, NodeLaunch
 
 
