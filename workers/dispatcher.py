@@ -15,9 +15,8 @@ One cycle (`run_once`):
    transitions (each one an event). A backend that cannot be reached is "unknown for now".
    Failures a retry can fix (node failure, preemption, lost; capacity once a backend reports it) go back to QUEUED with
    backoff, up to `max_attempts`; the program's own error fails the job with its exit code and log
-   tail. CANCELLING jobs are cancelled on the backend until it confirms. When a job ends, its job
-   tokens expire `job_token_grace_s` later (time for the final report), in the transaction of the
-   transition; each cycle does the same for jobs that ended through the API.
+   tail. CANCELLING jobs are cancelled on the backend until it confirms. (A job's token stops
+   working `job_token_grace_s` after the job ends: `service.store.tokens.authenticate` derives it.)
 """
 
 from __future__ import annotations
@@ -43,8 +42,8 @@ from service.planner.result import Plan
 from service.redaction import redact_strings
 from service.spec import TrainingSpec
 from service.store.models import Attempt, Job, as_utc, utcnow
-from service.store.states import TERMINAL, add_event, transition
-from service.store.tokens import create_token, expire_job_tokens, expire_tokens_of_ended_jobs
+from service.store.states import add_event, transition
+from service.store.tokens import create_token
 from service.store.vocab import AttemptStatus, EventKind, JobStatus, Role
 from workers.backends.base import (
     RETRYABLE,
@@ -83,7 +82,6 @@ class DispatcherConfig:
     max_attempts: int = 3
     retry_backoff_s: float = 5.0
     api_url: str | None = None
-    job_token_grace_s: float = 300.0  # a job's token works this long after the job ends (its final report)
 
 
 @dataclass
@@ -153,7 +151,6 @@ class Dispatcher:
         for job_id in self.lease():
             self.submit_one(job_id, report)
         self.reconcile(report)
-        self.expire_ended_job_tokens()
         return report
 
     def run_forever(self, stop: threading.Event, interval_s: float = 1.0) -> None:
@@ -204,7 +201,6 @@ class Dispatcher:
                            message=f"backend {job.backend!r} is not configured on this dispatcher",
                            data={"configured": sorted(self.backends)})
                 job.lease_owner = job.lease_expires_at = None
-                self._ended(session, job)
                 return
             if job.status == S.QUEUED:
                 number = len(job.attempts) + 1
@@ -240,7 +236,6 @@ class Dispatcher:
                     transition(session, job, S.FAILED, actor=self.actor,
                                message=f"{job.backend} refused the submission: {exc}")
                     job.lease_owner = job.lease_expires_at = None
-                    self._ended(session, job)
             return
         failpoint("after-backend-answer")
         with self.sessions.begin() as session:
@@ -259,18 +254,6 @@ class Dispatcher:
             report.adopted += 1
         else:
             report.submitted += 1
-
-    def _ended(self, session: Session, job: Job) -> None:
-        """A job that reached a terminal state: its tokens expire after the grace for its final report,
-        in the transaction of the transition."""
-        if job.status in TERMINAL:
-            expire_job_tokens(session, job.id, self.config.job_token_grace_s)
-
-    def expire_ended_job_tokens(self) -> None:
-        """The same for jobs that ended elsewhere (a QUEUED job cancelled through the API after an
-        earlier attempt had its token)."""
-        with self.sessions.begin() as session:
-            expire_tokens_of_ended_jobs(session, self.config.job_token_grace_s)
 
     def _release(self, job_id: int, why: str, report: CycleReport) -> None:
         """Keep the job SUBMITTING, let the lease run out after a backoff, and say why."""
@@ -350,7 +333,6 @@ class Dispatcher:
                 self._finish(attempt, obs)
                 self._failed(session, job, status, obs.model_copy(update={
                     "failure": "lost", "reason": "the backend no longer knows this submission"}))
-            self._ended(session, job)
             return int(job.status != status)
 
     def _record_requeues(self, session: Session, job: Job, attempt: Attempt, obs: Observation) -> Attempt:

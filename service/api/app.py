@@ -191,7 +191,7 @@ class RequestGate:
 
     def _authenticate(self, secret: str) -> Principal | None:
         with self.api.state.sessions.begin() as session:
-            return authenticate(session, secret)
+            return authenticate(session, secret, job_token_grace_s=self.api.state.settings.job_token_grace_s)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

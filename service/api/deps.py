@@ -48,7 +48,8 @@ def get_principal(request: Request, db: Db,
     if credentials is None:
         raise ApiError(401, "unauthorized", MISSING_TOKEN, headers=UNAUTHORIZED_HEADERS)
     with db.begin() as session:
-        principal = authenticate(session, credentials.credentials)
+        principal = authenticate(session, credentials.credentials,
+                                 job_token_grace_s=request.app.state.settings.job_token_grace_s)
     if principal is None:
         raise ApiError(401, "unauthorized", BAD_TOKEN, headers=UNAUTHORIZED_HEADERS)
     return principal

@@ -70,8 +70,7 @@ def make_dispatcher(settings: Settings, sessions: Sessions, backends: Mapping[st
 
     config = DispatcherConfig(lease_s=settings.dispatcher_lease_s, batch=settings.dispatcher_batch,
                               max_attempts=settings.max_attempts, retry_backoff_s=settings.retry_backoff_s,
-                              api_url=public_url or settings.public_url,
-                              job_token_grace_s=settings.job_token_grace_s)
+                              api_url=public_url or settings.public_url)
     return Dispatcher(sessions, backends, config)
 
 

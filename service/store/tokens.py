@@ -8,13 +8,12 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import or_, select
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from service.store.models import ApiToken, Job, Team, as_utc, utcnow
-from service.store.states import TERMINAL
 from service.store.vocab import Role
 
 TOKEN_PREFIX = "shc"
@@ -96,8 +95,15 @@ def create_token(session: Session, *, role: Role, team: Team | None = None, job_
     return row, f"{TOKEN_PREFIX}_{token_id}_{secret}"
 
 
-def authenticate(session: Session, bearer: str) -> Principal | None:
-    """The principal behind a bearer secret, or None if it is unknown, revoked or expired."""
+#: How long a job's token keeps working after its job ends (time for the final report).
+DEFAULT_JOB_TOKEN_GRACE_S = 300.0
+
+
+def authenticate(session: Session, bearer: str, *,
+                 job_token_grace_s: float = DEFAULT_JOB_TOKEN_GRACE_S) -> Principal | None:
+    """The principal behind a bearer secret, or None if it is unknown, revoked or expired. A job
+    token also ends `job_token_grace_s` after its job has: derived from the job's `finished_at`, so
+    however the job ended (dispatcher, API cancel) nothing has to write an expiry."""
     parts = bearer.split("_", 2)
     if len(parts) != 3 or parts[0] != TOKEN_PREFIX:
         return None
@@ -109,6 +115,10 @@ def authenticate(session: Session, bearer: str) -> Principal | None:
         return None
     if row.expires_at is not None and as_utc(row.expires_at) <= now:
         return None
+    if row.role == Role.JOB:
+        finished = session.scalar(select(Job.finished_at).where(Job.id == row.job_id))
+        if finished is not None and as_utc(finished) + timedelta(seconds=job_token_grace_s) <= now:
+            return None
     return Principal(token_id=row.id, role=row.role,
                      team_id=row.team_id, team_name=row.team.name if row.team else None, job_id=row.job_id)
 
@@ -175,25 +185,3 @@ def ensure_not_last_admin(session: Session, row: ApiToken) -> None:
 def has_admin(session: Session) -> bool:
     """True while some admin token works (neither revoked nor expired)."""
     return bool(_live_admins(session))
-
-
-def expire_job_tokens(session: Session, job_id: int, grace_s: float) -> None:
-    """Let the tokens of a job that has ended run out `grace_s` seconds from now (time for its final
-    report); a token that would expire sooner keeps its own time. In the caller's transaction, so that
-    it lands with the job's transition to its terminal state."""
-    until = utcnow() + timedelta(seconds=grace_s)
-    session.execute(update(ApiToken).where(
-        ApiToken.role == Role.JOB, ApiToken.job_id == job_id, ApiToken.revoked_at.is_(None),
-        or_(ApiToken.expires_at.is_(None), ApiToken.expires_at > until)).values(expires_at=until),
-        execution_options={"synchronize_session": False})
-
-
-def expire_tokens_of_ended_jobs(session: Session, grace_s: float) -> int:
-    """`expire_job_tokens` for every job that has ended with a job token still without an expiry (a
-    job the API ended, a QUEUED job cancelled after an earlier attempt); returns how many tokens."""
-    until = utcnow() + timedelta(seconds=grace_s)
-    result = session.execute(update(ApiToken).where(
-        ApiToken.role == Role.JOB, ApiToken.expires_at.is_(None), ApiToken.revoked_at.is_(None),
-        ApiToken.job_id.in_(select(Job.id).where(Job.status.in_(TERMINAL)))).values(expires_at=until),
-        execution_options={"synchronize_session": False})
-    return int(getattr(result, "rowcount", 0) or 0)

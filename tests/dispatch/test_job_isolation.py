@@ -17,11 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
 
 from service import jobenv
-from service.store.models import ApiToken, as_utc, utcnow
-from service.store.vocab import Role
 from tests.db_fixtures import Env
 from tests.dispatch.test_dispatcher import drive, make_dispatcher, one_process
 from tests.specs import launch_request
@@ -123,47 +120,37 @@ def test_the_preview_shows_the_jobs_own_home(tmp_path: Path, server_home: Path) 
 # -- job tokens end with the job --------------------------------------------------------------------
 
 
-def _job_tokens(env: Env, job_id: int) -> list[ApiToken]:
-    with env.app.state.sessions.begin() as session:
-        return list(session.scalars(select(ApiToken).where(ApiToken.job_id == job_id, ApiToken.role == Role.JOB)))
+def _job_secret(tmp_path: Path, job_id: int) -> str:
+    """The job token the dispatcher handed the attempt, as the local supervisor reads it."""
+    secret: str = json.loads((tmp_path / f"shardctl-{job_id}-1" / "request.json").read_text())["job"]["token"]
+    assert secret.startswith("shc_")
+    return secret
 
 
-def test_a_jobs_token_expires_a_grace_after_the_job_ends_in_the_transition(env: Env, admin: dict[str, str],
-                                                                           tmp_path: Path) -> None:
+def test_a_jobs_token_works_while_it_runs_and_a_grace_after_it_ends(env: Env, admin: dict[str, str],
+                                                                    tmp_path: Path) -> None:
     job_id = env.client.post("/v1/jobs", json=one_process("import time; time.sleep(60)"),
                              headers=admin).json()["id"]
     dispatcher = make_dispatcher(env, tmp_path)
     drive(env, dispatcher, job_id, admin, until={"PENDING", "RUNNING"})
-    (token,) = _job_tokens(env, job_id)
-    assert token.expires_at is None  # live while the job runs
+    token = env.headers(_job_secret(tmp_path, job_id))
+    assert env.client.get("/v1/whoami", headers=token).status_code == 200  # live while the job runs
     LocalBackend(tmp_path).cancel(Handle(name=f"shardctl-{job_id}-1"))  # stop the process; the test decides below
-    before = utcnow()
     assert dispatcher.apply(job_id, 1, Observation(state=RunState.SUCCEEDED, exit_code=0)) == 1
-    (token,) = _job_tokens(env, job_id)  # the transition's own transaction, no further cycle
-    assert token.expires_at is not None
-    assert 290 <= (as_utc(token.expires_at) - before).total_seconds() <= 310  # the default grace
+    assert env.client.get("/v1/whoami", headers=token).status_code == 200  # the grace for its final report
+    env.app.state.settings.job_token_grace_s = 0
+    assert env.client.get("/v1/whoami", headers=token).status_code == 401  # past it, with no write at all
 
 
-def test_a_job_token_stops_working_once_the_grace_is_over(env: Env, admin: dict[str, str], tmp_path: Path) -> None:
-    job_id = env.client.post("/v1/jobs", json=one_process("pass"), headers=admin).json()["id"]
-    job = drive(env, make_dispatcher(env, tmp_path, job_token_grace_s=0), job_id, admin)
-    assert job["status"] == "SUCCEEDED"
-    request = json.loads((tmp_path / f"shardctl-{job_id}-1" / "request.json").read_text())
-    secret = request["job"]["token"]
-    assert secret.startswith("shc_")
-    assert env.client.get("/v1/whoami", headers=env.headers(secret)).status_code == 401
-
-
-def test_tokens_of_a_job_the_api_ended_expire_on_the_next_cycle(env: Env, admin: dict[str, str],
-                                                                tmp_path: Path) -> None:
+def test_a_token_of_a_job_the_api_ended_stops_with_it(env: Env, admin: dict[str, str]) -> None:
     """A QUEUED job (waiting for a retry, with an earlier attempt's token) cancelled through the API:
-    no dispatcher transition, the next cycle expires its tokens all the same."""
+    no dispatcher touches it, and its token ends all the same."""
+    env.app.state.settings.job_token_grace_s = 0
     job_id = env.client.post("/v1/jobs", json=one_process("pass"), headers=admin).json()["id"]
-    secret = env.token("job", job_id=job_id)
+    token = env.headers(env.token("job", job_id=job_id))
+    assert env.client.get("/v1/whoami", headers=token).status_code == 200
     assert env.client.post(f"/v1/jobs/{job_id}/cancel", headers=admin).json()["status"] == "CANCELLED"
-    assert env.client.get("/v1/whoami", headers=env.headers(secret)).status_code == 200
-    make_dispatcher(env, tmp_path, job_token_grace_s=0).run_once()
-    assert env.client.get("/v1/whoami", headers=env.headers(secret)).status_code == 401
+    assert env.client.get("/v1/whoami", headers=token).status_code == 401
 
 
 if sys.platform != "linux":  # /proc and modes are what these tests read

@@ -37,7 +37,7 @@ from service.store.jobs import (
     list_jobs,
     visible_job,
 )
-from service.store.tokens import NotFound, authenticate
+from service.store.tokens import DEFAULT_JOB_TOKEN_GRACE_S, NotFound, authenticate
 from service.store.vocab import JobStatus
 
 log = logging.getLogger(__name__)
@@ -195,11 +195,12 @@ def _sse(kind: str, data: object, event_id: int | None = None) -> str:
     return f"{head}event: {kind}\ndata: {json.dumps(data)}\n\n"
 
 
-def _poll(db: sessionmaker[Session], secret: str, job_id: int, after: int) -> tuple[list[EventOut], bool] | str:
+def _poll(db: sessionmaker[Session], secret: str, job_id: int, after: int,
+          token_grace_s: float) -> tuple[list[EventOut], bool] | str:
     """One poll, in one transaction: the token again (a revoked or expired one ends the stream), the
     job (still visible to it), the events after `after`. A string names why the stream must end."""
     with db.begin() as session:
-        principal = authenticate(session, secret)
+        principal = authenticate(session, secret, job_token_grace_s=token_grace_s)
         if principal is None:
             return "unauthorized"
         try:
@@ -210,13 +211,13 @@ def _poll(db: sessionmaker[Session], secret: str, job_id: int, after: int) -> tu
 
 
 async def event_stream(db: sessionmaker[Session], secret: str, job_id: int, after: int,
-                       poll_s: float) -> AsyncIterator[str]:
+                       poll_s: float, token_grace_s: float = DEFAULT_JOB_TOKEN_GRACE_S) -> AsyncIterator[str]:
     """Server-sent events until the job is terminal and every event has been sent. Runs on the event
     loop: it sleeps there, and each poll borrows a worker thread only for its database reads."""
     last_beat = time.monotonic()
     while True:
         try:
-            polled = await anyio.to_thread.run_sync(_poll, db, secret, job_id, after)
+            polled = await anyio.to_thread.run_sync(_poll, db, secret, job_id, after, token_grace_s)
         except Exception:  # the database went away: say so, rather than cut the stream mid-message
             log.exception("event stream of job %s: poll failed", job_id)
             yield _sse("error", {"error": {"code": "unavailable", "message": "the database did not answer;"
@@ -274,7 +275,8 @@ def get_events(job_id: JobId, principal: Caller, db: Db, request: Request,
                                                 per_token=limits.max_streams_per_token)
     start = int(last_event_id) if last_event_id else after
     poll_s = request.app.state.settings.events_poll_s
-    return EventStreamResponse(event_stream(db, credentials.credentials, job_id, start, poll_s), release)
+    grace = request.app.state.settings.job_token_grace_s
+    return EventStreamResponse(event_stream(db, credentials.credentials, job_id, start, poll_s, grace), release)
 
 
 @router.post("/{job_id}/measurements", response_model=MeasurementOut, status_code=201, responses=ERRORS,
