@@ -27,7 +27,6 @@ API_URL = "SHARDCTL_URL"
 TOKEN = "SHARDCTL_JOB_TOKEN"  # the one secret: backends keep it out of previews and in their secret stores
 LOG_LEVEL = "SHARDCTL_LOG"  # optional, set by hand: the runtime's log level (default INFO)
 
-NAMES = (JOB_ID, ATTEMPT, PLAN, OUT_DIR, API_URL, TOKEN)
 REVEAL_KEY = "reveal_secrets"
 #: Serialisation context that writes the token in clear, for a file only the job reads.
 REVEAL = {REVEAL_KEY: True}

@@ -10,8 +10,6 @@ from service.spec import TrainingSpec
 from service.store.jobs import latest_measurements
 from service.store.models import ApiToken, Event, Job, Team
 
-#: What the API shows instead of a value of the spec's entrypoint.env (the backends' `REDACTED`).
-
 
 def redacted_spec(spec: TrainingSpec) -> TrainingSpec:
     """`spec` as responses show it: entrypoint.env is write-only, its names kept and every value

@@ -49,7 +49,7 @@ class Role(StrEnum):
 
 
 class EventKind:
-    """Event kinds besides `job.<status>` (see `status_event`)."""
+    """Event kinds besides `job.<status>` (`EventKind.status`, `EventKind.measurement`)."""
 
     RESUME_SUBMIT = "job.resume_submit"
     REQUEUED = "job.requeued"

@@ -18,6 +18,7 @@ from sqlalchemy import select, text
 
 from service.api.app import create_app
 from service.cli import client as cli_client
+from service.jobenv import TOKEN
 from service.redaction import REDACTED, is_secret_env, redact_env, redact_value
 from service.settings import Settings
 from service.spec import TrainingSpec
@@ -125,6 +126,7 @@ def test_secret_names() -> None:
     assert all(is_secret_env(k) for k in ("WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "SSH_KEY",
                                           "DB_PASSWORD", "GH_TOKEN", "GOOGLE_APPLICATION_CREDENTIALS", "key"))
     assert not any(is_secret_env(k) for k in ("MODE", "KEYBOARD", "MONKEY", "PATH"))
+    assert is_secret_env(TOKEN)  # the backends keep the job token secret by this rule alone
     assert redact_env({"A_KEY": "x", "B": "x"}) == {"A_KEY": REDACTED, "B": "x"}
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -101,9 +101,10 @@ def runtime_command() -> list[str]:
     return ["python", "-m", "workers.runtime"]
 
 
-def local_path_env(env: dict[str, str]) -> dict[str, str]:
-    """`env` with this interpreter's bin directory first on PATH, so `python` and `torchrun` are ours."""
-    bindir = str(Path(sys.executable).parent)
+def local_path_env(env: Mapping[str, str], bindir: str | None = None) -> dict[str, str]:
+    """`env` with `bindir` (default: this interpreter's bin directory) first on PATH, so `python` and
+    `torchrun` are the service's."""
+    bindir = bindir or str(Path(sys.executable).parent)
     return {**env, "PATH": bindir + os.pathsep + env.get("PATH", os.defpath)}
 
 

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from service.jobenv import PLAN, REVEAL
-from service.redaction import redact_env, redact_strings
+from service.redaction import REDACTED, is_secret_env
 from workers.backends.base import Handle, LaunchRequest, Observation, Rendered, RunState, SubmissionRefused
 from workers.backends.local_supervisor import (
     job_environment,
@@ -78,11 +78,11 @@ class LocalBackend:
 
     def render(self, req: LaunchRequest) -> Rendered:
         """What `submit` starts: the folder, one command per simulated node and the environment they get
-        (secrets redacted by name and by value, `base.redact_env`; the plan, which is the job's stored
-        plan, left out for length)."""
+        (secret names redacted; `launch_preview` redacts credentials by value for every backend; the
+        plan, which is the job's stored plan, left out for length)."""
         final = self._dir(req.name)
-        per_node = redact_strings(node_commands(req, "127.0.0.1:<free port>"))
-        env = redact_env({k: v for k, v in job_environment(req, final).items() if k != PLAN})
+        per_node = node_commands(req, "127.0.0.1:<free port>")
+        env = {k: REDACTED if is_secret_env(k) else v for k, v in job_environment(req, final).items() if k != PLAN}
         return Rendered(backend=self.name, name=req.name, content={
             "folder": str(final), "nodes": req.nodes, "commands": per_node, "env": env})
 

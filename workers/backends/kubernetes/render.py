@@ -26,7 +26,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.backend_options import KubernetesOptions
-from service.jobenv import PLAN, TOKEN
+from service.jobenv import PLAN
 from service.redaction import REDACTED, is_secret_env
 from workers.backends.base import LaunchRequest, SubmissionRefused, torchrun_command
 from workers.backends.kubernetes.naming import (
@@ -102,17 +102,13 @@ def _escape(value: str) -> str:
     return value.replace("$(", "$$(")
 
 
-def _is_secret(key: str) -> bool:
-    return key == TOKEN or is_secret_env(key)
-
-
 def _environment(req: LaunchRequest) -> dict[str, str]:
     return req.environment(out_dir=OUT_DIR)
 
 
 def secret_values(req: LaunchRequest) -> dict[str, str]:
     """The variables that go into the attempt's Secret, with their real values (only `submit` uses them)."""
-    return {k: v for k, v in sorted(_environment(req).items()) if _is_secret(k)}
+    return {k: v for k, v in sorted(_environment(req).items()) if is_secret_env(k)}
 
 
 def _env(req: LaunchRequest, options: RenderOptions, name: str, kind: ObjectKind) -> list[dict[str, Any]]:
@@ -122,9 +118,9 @@ def _env(req: LaunchRequest, options: RenderOptions, name: str, kind: ObjectKind
         env.append({"name": NODE_RANK_ENV,
                     "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}})
     env.append({"name": PLAN, "valueFrom": {"configMapKeyRef": {"name": name, "key": PLAN_KEY}}})
-    for key in sorted(k for k in variables if _is_secret(k)):
+    for key in sorted(k for k in variables if is_secret_env(k)):
         env.append({"name": key, "valueFrom": {"secretKeyRef": {"name": name, "key": key}}})
-    plain = {**options.nccl_env, **{k: v for k, v in variables.items() if k != PLAN and not _is_secret(k)}}
+    plain = {**options.nccl_env, **{k: v for k, v in variables.items() if k != PLAN and not is_secret_env(k)}}
     env.extend({"name": key, "value": _escape(plain[key])} for key in sorted(plain))
     return env
 
@@ -244,7 +240,7 @@ def render_objects(req: LaunchRequest, options: RenderOptions, kind: ObjectKind)
     objects: list[dict[str, Any]] = [
         {"apiVersion": CONFIG_MAP.api_version, "kind": CONFIG_MAP.kind, "metadata": _metadata(req, options, name),
          "data": {PLAN_KEY: variables[PLAN]}}]
-    secrets = {k: REDACTED for k in sorted(variables) if _is_secret(k)}
+    secrets = {k: REDACTED for k in sorted(variables) if is_secret_env(k)}
     if secrets:
         objects.append({"apiVersion": SECRET.api_version, "kind": SECRET.kind,
                         "metadata": _metadata(req, options, name), "type": "Opaque", "stringData": secrets})

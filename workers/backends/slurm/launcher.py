@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_serializer
 
 from service.jobenv import PLAN
 from service.redaction import REDACTED
+from workers.backends.base import local_path_env
 
 #: The job's first host as the shell would compute it. It stands in the rendered `--rdzv-endpoint`;
 #: the launcher replaces it with `submitit.JobEnvironment().hostnames[0]`, the same host.
@@ -56,9 +57,8 @@ class NodeLaunch(BaseModel):
     def environment(self, base: Mapping[str, str]) -> dict[str, str]:
         """What every process on the node gets: `base` (the node's own environment), the job's plain
         and secret variables over it, and `bindir` first on PATH."""
-        env = {**base, **self.env, **{k: v.get_secret_value() for k, v in self.secrets.items()}}
-        env["PATH"] = self.bindir + os.pathsep + env.get("PATH", os.defpath)
-        return env
+        return local_path_env({**base, **self.env, **{k: v.get_secret_value() for k, v in self.secrets.items()}},
+                              self.bindir)
 
     def command_on(self, first_host: str) -> list[str]:
         """The command with the rendezvous endpoint on `first_host`."""

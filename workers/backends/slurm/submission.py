@@ -123,7 +123,7 @@ def build_submission(req: LaunchRequest, folder: Path, defaults: SubmissionDefau
     params = parameters(req, opts, folder, defaults)
     port = rdzv_port(folder)
     environ = req.environment(out_dir=str(folder / "out"))
-    secret = set(req.job.secrets()) | {k for k in environ if is_secret_env(k)}
+    secret = {k for k in environ if is_secret_env(k)}  # the job token included: its name says so
     launch = NodeLaunch(command=torchrun_command(req, rdzv_endpoint=f"{FIRST_HOST}:{port}"), rdzv_port=port,
                         time_limit_min=int(params["time"]), bindir=str(Path(defaults.python).parent),
                         env={k: v for k, v in environ.items() if k not in secret},
