@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
@@ -32,14 +33,27 @@ def upgrade() -> None:
             layout=_layout_line(plan), predicted_step_s=(plan.get("time") or {}).get("step_s")))
 
 
-def _layout_line(plan: dict[str, object]) -> str:
-    """The line new rows get (`Layout.short`), or "" for a plan whose layout this version cannot read."""
-    from service.planner.layout import Layout
-
+def _layout_line(plan: dict[str, Any]) -> str:
+    """The line `Layout.short` gave rows when this revision was written, frozen here so that the
+    migration does not change with the application's code; "" for a plan without a usable layout."""
+    lay = plan.get("layout")
+    if not isinstance(lay, dict):
+        return ""
     try:
-        return Layout(**plan["layout"]).short()[:200]  # type: ignore[arg-type]
+        parts = [str(lay["sharding"]), *(f"{k}={lay[k]}" for k in ("dp", "tp", "pp", "cp"))]
+        if lay["sharding"] == "hsdp":
+            parts.append(f"shard={lay['dp_shard']}")
+        if lay.get("sequence_parallel"):
+            parts.append("sp")
+        parts += [f"mb={lay['micro_batch']}x{lay['grad_accum_steps']}", f"ac={lay['activation_checkpointing']}"]
+        if lay["pp"] > 1 and lay.get("pipeline_schedule"):
+            virtual = lay.get("virtual_stages", 1)
+            parts.append(str(lay["pipeline_schedule"]) + (f"/v{virtual}" if virtual > 1 else ""))
+        if lay.get("offload", "none") != "none":
+            parts.append(f"offload={lay['offload']}")
     except (KeyError, TypeError):
         return ""
+    return " ".join(parts)[:200]
 
 
 def downgrade() -> None:
