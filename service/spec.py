@@ -145,9 +145,10 @@ def _says(text: str, field: str) -> str:
 
 
 class _Strict(BaseModel):
-    """Unknown keys are errors: a typo in a spec must not be silently ignored."""
+    """Unknown keys are errors: a typo in a spec must not be silently ignored. Every float is finite
+    (what the API stores must be JSON both databases can read back)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ModelSpec(_Strict):

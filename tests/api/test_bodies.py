@@ -341,9 +341,9 @@ def test_the_token_is_looked_up_once_per_request(env: Env, admin: dict[str, str]
     calls: list[str] = []
     real = app_module.authenticate
 
-    def counted(session: Any, secret: str) -> Any:
+    def counted(session: Any, secret: str, **kw: Any) -> Any:
         calls.append(secret)
-        return real(session, secret)
+        return real(session, secret, **kw)
 
     monkeypatch.setattr(app_module, "authenticate", counted)
     monkeypatch.setattr(deps, "authenticate", counted)
