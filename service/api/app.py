@@ -44,6 +44,7 @@ from service.api.errors import RouteEntry, routes_of
 from service.api.metrics import make_metrics
 from service.api.routers import health, jobs, plans, profiles, teams, tokens
 from service.api.schemas import ErrorField
+from service.api.submission import PlanRunner
 from service.planner.result import Plan
 from service.settings import Settings
 from service.spec import TrainingSpec
@@ -344,6 +345,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.state.settings = settings
     app.state.streams = jobs.StreamSlots()
     app.state.analyses = AnalysisPool(settings.profile_workers, settings.profile_queue)
+    app.state.planner = PlanRunner.from_settings(settings)
     app.state.engine = engine
     app.state.sessions = make_sessionmaker(engine)
     app.state.metrics = make_metrics(app.state.sessions)

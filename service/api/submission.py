@@ -14,7 +14,6 @@ import threading
 from collections import OrderedDict
 from collections.abc import Collection
 from concurrent.futures import Future, ThreadPoolExecutor
-from functools import lru_cache
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -54,8 +53,14 @@ class PlanRunner:
         self.workers, self.budget_s, self.wait_s = workers, budget_s, wait_s
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="shardctl-planner")
         self._slots = threading.BoundedSemaphore(workers)
-        self._lock = _LOCK
+        self._lock = threading.Lock()  # guards the cache and the running searches
         self._running: dict[str, Future[Plan]] = {}
+        self._cache: OrderedDict[str, Plan] = OrderedDict()  # the last PLAN_CACHE plans by canonical spec JSON
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> PlanRunner:
+        return cls(workers=settings.planner_workers, budget_s=settings.planner_budget_s,
+                   wait_s=settings.planner_wait_s)
 
     @property
     def retry_after_s(self) -> int:
@@ -81,9 +86,9 @@ class PlanRunner:
         waited = False
         while True:
             with self._lock:
-                cached = _CACHE.get(key)
+                cached = self._cache.get(key)
                 if cached is not None:
-                    _CACHE.move_to_end(key)
+                    self._cache.move_to_end(key)
                     return cached
                 running = self._running.get(key)
                 if running is not None:
@@ -105,9 +110,9 @@ class PlanRunner:
         try:
             result = plan(spec, deadline=Deadline.after(self.budget_s))
             with self._lock:
-                _CACHE[key] = result
-                while len(_CACHE) > PLAN_CACHE:
-                    _CACHE.popitem(last=False)
+                self._cache[key] = result
+                while len(self._cache) > PLAN_CACHE:
+                    self._cache.popitem(last=False)
             return result
         finally:
             with self._lock:  # taken only after the starter has registered this search
@@ -127,40 +132,11 @@ class PlanRunner:
             details={"budget_s": self.budget_s, "evaluated": evaluated, "world_size": spec.resources.world_size})
 
 
-#: the last PLAN_CACHE plans by canonical spec JSON, shared by every runner; _LOCK guards it and
-#: each runner's running searches
-_CACHE: OrderedDict[str, Plan] = OrderedDict()
-_LOCK = threading.Lock()
-_RUNNERS: dict[tuple[int, float, float], PlanRunner] = {}
-_RUNNERS_LOCK = threading.Lock()
-
-
-@lru_cache(maxsize=1)
-def environment_settings() -> Settings:
-    """`Settings()` from the `SHARDCTL_*` environment, read once (it takes milliseconds): the planner
-    limits of a caller that has no app settings at hand (`cache_clear()` reads them again)."""
-    return Settings()
-
-
-def plan_runner(settings: Settings | None = None) -> PlanRunner:
-    """The process's runner for `settings`' planner limits (default: `environment_settings()`),
-    created on first use. One per distinct set of limits: in a server, one."""
-    settings = settings or environment_settings()
-    limits = (settings.planner_workers, settings.planner_budget_s, settings.planner_wait_s)
-    with _RUNNERS_LOCK:
-        runner = _RUNNERS.get(limits)
-        if runner is None:
-            runner = _RUNNERS[limits] = PlanRunner(workers=limits[0], budget_s=limits[1], wait_s=limits[2])
-        return runner
-
-
-def cached_plan(spec: TrainingSpec, settings: Settings | None = None) -> Plan:
-    """`plan(spec)` on the planning threads, under the budget of `settings` (default: the
-    environment's), remembered for the last few hundred distinct model/training/resources/layout
-    combinations (planning is pure; teams resubmit the same run under new names). Callers must not
-    mutate the result."""
-    keyed = TrainingSpec.model_validate({"name": "cached", **spec.model_dump(include=PLANNED)})
-    result = plan_runner(settings).plan(keyed.model_dump_json(), keyed)
+def cached_plan(spec: TrainingSpec, planner: PlanRunner) -> Plan:
+    """`plan(spec)` on `planner`'s threads and under its budget, remembered for the last few hundred
+    distinct model/training/resources/layout combinations (planning is pure; teams resubmit the same
+    run under new names). Callers must not mutate the result."""
+    result = planner.plan(spec.model_dump_json(include=PLANNED), spec)
     return result.model_copy(update={"name": spec.name})
 
 
@@ -177,13 +153,12 @@ def check_backend(spec: TrainingSpec, configured: Collection[str] | None) -> Non
 
 
 def submit(db: sessionmaker[Session], principal: Principal, spec: TrainingSpec,
-           idempotency_key: str | None, configured: Collection[str] | None = None,
-           settings: Settings | None = None) -> tuple[int, bool]:
+           idempotency_key: str | None, configured: Collection[str] | None, planner: PlanRunner) -> tuple[int, bool]:
     """Plan and queue `spec`. Returns (job id, created); created is False for an idempotent replay.
 
     Raises `ApiError` 403 when a member names another team, 422 when the spec's backend is not
     configured or no layout fits (with the planner's reasons and the smallest GPU count that would
-    fit) or its search runs past the planner budget of `settings` (default: the environment's),
+    fit) or its search runs past `planner`'s budget,
     503 when every planning thread is busy, `Conflict` when the key was used with a different body.
     """
     check_backend(spec, configured)
@@ -205,7 +180,7 @@ def submit(db: sessionmaker[Session], principal: Principal, spec: TrainingSpec,
             if earlier is not None:
                 return earlier.id, False
 
-    result = cached_plan(spec, settings)
+    result = cached_plan(spec, planner)
     if not result.fits:
         raise ApiError(422, "does_not_fit", "no layout fits: " + "; ".join(result.reasons),
                        details={"reasons": result.reasons, "min_gpus_to_fit": result.min_gpus_to_fit,

@@ -243,23 +243,15 @@ def test_backend_numbers_past_their_range_are_422s(env: Env, admin: dict[str, st
     assert [f["loc"] for f in r.json()["error"]["fields"]] == [loc]
 
 
-PLANNER_LIMITS = ("planner_workers", "planner_budget_s", "planner_wait_s")
-
-
 @pytest.fixture
 def planner_limits(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
-    """Sets SHARDCTL_PLANNER_* for the test: the app's settings and the environment's (which the job
-    route plans with) then agree."""
+    """Sets SHARDCTL_PLANNER_* for the test, before it builds its app (which plans with them)."""
 
     def set_limits(**limits: object) -> None:
         for name, value in limits.items():
             monkeypatch.setenv(f"SHARDCTL_{name.upper()}", str(value))
-        submission.environment_settings.cache_clear()
 
     yield set_limits
-    for name in PLANNER_LIMITS:
-        monkeypatch.delenv(f"SHARDCTL_{name.upper()}", raising=False)
-    submission.environment_settings.cache_clear()
 
 
 def test_a_search_past_the_budget_is_a_422_that_says_what_to_pin(db_url: str, tmp_path: Path,

@@ -29,7 +29,7 @@ def create_plan(spec: TrainingSpec, _: Person, request: Request) -> PlanPreview:
     server does not run; 422 `plan_too_costly` when the search runs past the server's planner budget
     (pin more of the layout); 503 `planner_busy` with Retry-After when every planning thread is busy."""
     check_backend(spec, request.app.state.configured_backends)
-    result = cached_plan(spec, request.app.state.settings)
+    result = cached_plan(spec, request.app.state.planner)
     preview = request.app.state.launch_preview
     launch = None
     if preview is not None and result.fits:
