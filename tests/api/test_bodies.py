@@ -12,7 +12,6 @@ import json
 import select
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -137,22 +136,10 @@ def test_a_profile_with_nan_as_a_string_is_a_422(env: Env, admin: dict[str, str]
     _everything_still_reads(env, admin, job_id)
 
 
-@pytest.fixture
-def sqlite_env(tmp_path: Path) -> Iterator[Env]:
-    """SQLite alone: PostgreSQL refuses a lone surrogate at the INSERT already (and rolls back)."""
-    from service.store import migrate
-    from tests.db_fixtures import _env
-
-    url = f"sqlite:///{tmp_path / 'shardctl.db'}"
-    migrate.upgrade(url)
-    yield from _env(url, tmp_path)
-
-
-def test_a_write_whose_response_cannot_be_rendered_rolls_back(sqlite_env: Env,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # PostgreSQL refuses a lone surrogate at INSERT
+def test_a_write_whose_response_cannot_be_rendered_rolls_back(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     """Should a value ever pass the checks at the door, the route renders its response before the
     transaction commits: the write rolls back instead of leaving a row that no read can return."""
-    env = sqlite_env
     admin = env.headers(env.token("admin"))
     from service.api import app as app_module
     from service.api.routers import jobs
@@ -360,6 +347,4 @@ def test_refusals_keep_the_error_shape_and_www_authenticate(env: Env) -> None:
         r = env.client.post("/v1/jobs", json=tiny(), headers=headers)
         assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
         assert r.json()["error"]["code"] == "unauthorized"
-    started = time.monotonic()
     assert env.client.get("/healthz").status_code == 200
-    assert time.monotonic() - started < 5

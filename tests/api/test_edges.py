@@ -58,7 +58,8 @@ def test_a_unique_violation_a_concurrent_request_caused_is_a_409(env: Env, admin
     assert r.status_code == 409 and r.json()["error"]["code"] == "conflict", r.text
 
 
-def test_ensure_team_finds_a_team_another_transaction_created(env: Env) -> None:
+def test_ensure_team_returns_the_team_an_earlier_transaction_created(env: Env) -> None:
+    """The read path; the insert race itself is `test_sixteen_first_submissions_at_once_all_succeed`."""
     sessions = env.app.state.sessions
     with sessions.begin() as session:
         first = ensure_team(session, "alpha")

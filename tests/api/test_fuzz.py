@@ -5,8 +5,8 @@ headers and body schema), with authentication enforced where the document says s
 Runs on both databases (the `env` fixture), as an admin with a few jobs present so that generated
 ids sometimes hit real rows. Event streams are requested as JSON: a live stream of a running job
 never ends by design (tests/api/test_streams.py covers streams). Bounded: a fixed number of examples
-per operation, no shrinking (failures are collected, not raised), and the whole run must stay under
-`BUDGET_S` per database.
+per operation and no shrinking (failures are collected, not raised); it prints how long it took
+(13 to 18 s per database on this 2-core machine) rather than asserting a time.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from tests.specs import tiny
 #: Valid data (every response documented, accepted unless a documented rule refuses it) and invalid
 #: data (refused with a 4xx, never accepted or a 5xx), examples per operation.
 MODES = [(GenerationMode.POSITIVE, 12), (GenerationMode.NEGATIVE, 6)]
-BUDGET_S = 60.0
 
 
 def test_every_response_is_documented_and_none_is_a_server_error(env: Env) -> None:
@@ -73,4 +72,4 @@ def test_every_response_is_documented_and_none_is_a_server_error(env: Env) -> No
     took = time.monotonic() - started
     distinct = {(where, title, status): text for where, title, status, text in failures}
     assert not distinct, "\n".join(f"{w} -> {s}: {t}\n    {x}" for (w, t, s), x in sorted(distinct.items()))
-    assert took < BUDGET_S, f"the fuzz run took {took:.0f} s"
+    print(f"schemathesis on {env.url.split(':')[0]}: {took:.0f} s")

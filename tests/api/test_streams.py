@@ -24,7 +24,7 @@ from tests.specs import tiny
 
 STREAM = {"Accept": "text/event-stream"}
 #: Generous: an answer that waits behind streams takes seconds (25 s in the report), not milliseconds.
-ANSWER_WITHIN_S = 2.0
+ANSWER_WITHIN_S = 10.0  # a liveness bound, not a speed figure: 60 streams pushed /whoami to 25 s before
 
 
 def _queued_job(env: Env, headers: dict[str, str]) -> int:

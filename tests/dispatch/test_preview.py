@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 
 from service.api.app import create_app
@@ -36,13 +37,22 @@ def test_plans_render_the_launch_request_when_a_dispatcher_is_wired(env: Env, tm
     assert env.client.get("/v1/jobs", headers=admin).json()["items"] == []
 
 
-def test_every_backends_preview_redacts_credentials_by_value(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["local", "slurm", "kubernetes"])
+def test_every_backends_preview_redacts_credentials_by_value(kind: str, tmp_path: Path) -> None:
+    from kubernetes import client
+
     from service.planner import plan
     from service.spec import TrainingSpec
+    from workers.backends.kubernetes import KubernetesBackend
     from workers.backends.slurm import SlurmBackend
 
-    spec = TrainingSpec.model_validate(tiny(backend={"kind": "slurm"}, entrypoint={
-        "command": ["python", "train.py"], "env": {"DATA_URL": "s3://reader:hunter2@bucket/x"}}))
-    preview = launch_preview({"slurm": SlurmBackend(folder=tmp_path / "slurm")}, "http://x")
-    shown = str(preview(spec, plan(spec)))
-    assert "hunter2" not in shown and "<redacted>" in shown
+    backends = {"local": lambda: LocalBackend(tmp_path / "local"),
+                "slurm": lambda: SlurmBackend(folder=tmp_path / "slurm"),
+                "kubernetes": lambda: KubernetesBackend(client.ApiClient(client.Configuration(host="http://127.0.0.1:9")))}
+    spec = TrainingSpec.model_validate(tiny(backend={"kind": kind}, entrypoint={
+        "command": ["python", "train.py", "--data", "s3://reader:hunter2@bucket/x"], "image": "example.org/train:1",
+        "env": {"DATA_URL": "s3://reader:hunter2@bucket/x"}}))
+    preview = launch_preview({kind: backends[kind]()}, "http://x")(spec, plan(spec))
+    shown = str(preview)
+    assert preview is not None and preview["backend"] == kind
+    assert "hunter2" not in shown and "s3://reader:<redacted>@bucket/x" in shown

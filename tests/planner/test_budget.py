@@ -25,7 +25,7 @@ def test_divisors_agree_with_trial_division_on_small_numbers() -> None:
 
 
 @pytest.mark.parametrize(("n", "count"), [
-    (10**400, 401 * 401),  # float(n) overflows: n**0.5 was an OverflowError (a 500)
+    (10**400, 401 * 401),  # float(n) overflows: n**0.5 was an OverflowError (a 500); too many to list
     (2**62, 63),  # sqrt(n) is 2**31: trial division never returned
     (2**24 * 3**10 * 5**5, 25 * 11 * 6),
     ((2**61 - 1) * (2**31 - 1), 4),  # two large primes: found by Pollard's rho

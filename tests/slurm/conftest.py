@@ -6,7 +6,6 @@ the cluster tests skip with the reason, except under CI, where they fail.
 
 from __future__ import annotations
 
-import functools
 import os
 import subprocess
 import time
@@ -19,7 +18,7 @@ from pydantic import SecretStr
 
 from service.backend_options import SlurmOptions
 from service.jobenv import JobEnv
-from service.planner.result import Plan
+from tests.specs import tiny_plan
 from workers.backends.base import Handle, LaunchRequest, Observation, RunState, attempt_name
 from workers.backends.slurm import SlurmBackend
 
@@ -56,16 +55,6 @@ def backend(partition: str, slurm_folder: Path) -> SlurmBackend:
 def unique_job_id() -> int:
     """Job ids that no other test run used, so attempt names are unique in sacct's history."""
     return next(_ids)
-
-
-@functools.cache
-def tiny_plan() -> Plan:
-    """A real plan (the tiny spec's), planned once: the job contract ships it to every rank."""
-    from service.planner.planning import plan
-    from service.spec import TrainingSpec
-    from tests.specs import tiny
-
-    return plan(TrainingSpec.model_validate(tiny()))
 
 
 def launch_request(command: list[str], *, nodes: int = 2, procs_per_node: int = 1, token: str = "test-job-token",
