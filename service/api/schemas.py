@@ -11,7 +11,7 @@ from service.backend_options import BackendKind
 from service.names import Label
 from service.planner.result import Plan
 from service.spec import TrainingSpec
-from service.store.vocab import AttemptStatus, JobStatus, MeasurementKind, Role
+from service.store.vocab import AttemptStatus, FailureClass, JobStatus, MeasurementKind, Role
 
 
 class ErrorField(BaseModel):
@@ -36,10 +36,14 @@ class AttemptOut(BaseModel):
     backend_id: str | None
     nodes: list[str]
     status: AttemptStatus
-    exit_code: int | None
-    exit_reason: str | None
+    exit_code: int | None = Field(description="The program's own exit code (not its launcher's); -N: killed by"
+                                              " signal N.")
+    exit_reason: str | None = Field(description="Why it ended, in words: the backend's evidence.")
     created_at: datetime
     finished_at: datetime | None
+    failure: FailureClass | None = Field(None, description="Why it ended badly (see docs/failures.md); null while"
+                                                           " it runs and when it succeeded.")
+    log_tail: str | None = Field(None, description="The last lines the program itself printed, when it failed.")
 
 
 class MeasurementOut(BaseModel):

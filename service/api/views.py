@@ -37,7 +37,8 @@ def job_out(session: Session, job: Job) -> JobOut:
         **summary.model_dump(), spec=redacted_spec(job.spec), plan=job.plan,
         attempts=[AttemptOut(number=a.number, backend_name=a.backend_name, backend_id=a.backend_id, nodes=a.nodes,
                              status=a.status, exit_code=a.exit_code, exit_reason=a.exit_reason,
-                             created_at=a.created_at, finished_at=a.finished_at) for a in job.attempts],
+                             created_at=a.created_at, finished_at=a.finished_at, failure=a.failure,
+                             log_tail=a.log_tail) for a in job.attempts],
         measurements={kind: MeasurementOut(kind=m.kind, at=m.at, data=m.data)
                       for kind, m in latest_measurements(session, job).items()},
     )

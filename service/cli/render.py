@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import pydantic
 from rich.console import Console, Group
@@ -164,3 +165,23 @@ def spec_error_message(path: Path, exc: ValueError) -> str:
     for prefix in (f"{path}: ", f"{path.as_posix()}: "):
         text = text.removeprefix(prefix)
     return _YAML_SOURCE.sub("at ", text)
+
+
+def attempt_lines(attempt: dict[str, Any], tail_lines: int = 15) -> list[str]:
+    """One attempt of `GET /v1/jobs/{id}` for `shardctl show`: number, name, status, nodes; then, when
+    it ended badly, its failure class, the program's exit code, the reason and the last `tail_lines`
+    lines the program printed (indented)."""
+    nodes = ", ".join(attempt.get("nodes") or [])
+    lines = [f"  attempt {attempt['number']} {attempt['backend_name']} {attempt['status']}"
+             + (f" on {nodes}" if nodes else "")]
+    failure, code, reason = attempt.get("failure"), attempt.get("exit_code"), attempt.get("exit_reason")
+    if failure or (code not in (None, 0)):
+        lines.append(f"    {failure or 'failed'}" + (f", exit code {code}" if code is not None else "")
+                     + (f": {reason}" if reason else ""))
+    elif reason:
+        lines.append(f"    {reason}")
+    tail = (attempt.get("log_tail") or "").splitlines()[-tail_lines:]
+    if tail:
+        lines.append("    last lines:")
+        lines += [f"      {line}" for line in tail]
+    return lines

@@ -2,16 +2,18 @@
 
 Columns hold the enums' string values, so rows written before these enums existed read back
 unchanged and no data migrates. Event kinds are an open set (`job.<status>` for each transition
-plus the constants below), so they are constants, not an enum.
+plus the constants below), so they are constants, not an enum. `FailureClass` and `MeasurementKind`
+live in pure modules (`service.failures`, `service.jobenv`) that backends and jobs may import too.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
 
+from service.failures import FailureClass
 from service.jobenv import MeasurementKind
 
-__all__ = ["AttemptStatus", "EventKind", "JobStatus", "MeasurementKind", "Role"]
+__all__ = ["AttemptStatus", "EventKind", "FailureClass", "JobStatus", "MeasurementKind", "Role"]
 
 
 class JobStatus(StrEnum):

@@ -54,7 +54,7 @@ def test_a_failing_program_reports_its_exit_code_and_log_tail(backend: LocalBack
     handle = backend.submit(request("shardctl-2-1", py("import sys; print('boom: bad config'); sys.exit(7)")))
     assert wait(backend, handle, {RunState.SUCCEEDED, RunState.FAILED}) == RunState.FAILED
     obs = backend.poll([handle])[handle.name]
-    assert obs.exit_code == 7 and obs.failure == "program"
+    assert obs.exit_code == 7 and obs.failure == "program_error"
     assert "boom: bad config" in (obs.log_tail or "")
 
 

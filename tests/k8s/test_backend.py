@@ -124,23 +124,23 @@ def test_program_failure_reports_exit_code_and_log_tail(fake: FakeApiServer, bac
     fake.set_condition("jobsets", NS, NAME, "Failed", reason="FailurePolicyRuleAction",
                        message="program-error: job shardctl-7-1-node-0 failed with reason PodFailurePolicy")
     obs = backend.poll([handle])[NAME]
-    assert obs.state == RunState.FAILED and obs.failure == "program" and obs.exit_code == 3
+    assert obs.state == RunState.FAILED and obs.failure == "program_error" and obs.exit_code == 3
     assert obs.log_tail == "Traceback...\nValueError: boom"
     assert pods[1] in (obs.reason or "")
 
 
-def test_oom_killed_is_the_program_with_137(fake: FakeApiServer, backend: KubernetesBackend) -> None:
+def test_oom_killed_is_host_memory_with_137(fake: FakeApiServer, backend: KubernetesBackend) -> None:
     handle, pods = _run(fake, backend)
     fake.set_pod(NS, pods[0], phase="Failed", exit_code=137, reason="OOMKilled")
     fake.set_condition("jobsets", NS, NAME, "Failed", reason="FailurePolicyRuleAction")
     obs = backend.poll([handle])[NAME]
-    assert (obs.failure, obs.exit_code) == ("program", 137) and "OOMKilled" in (obs.reason or "")
+    assert (obs.failure, obs.exit_code) == ("oom_host", 137) and "OOMKilled" in (obs.reason or "")
 
 
 @pytest.mark.parametrize("how,failure", [
-    ({"reason": "Evicted", "phase": "Failed"}, "node"),
-    ({"disruption": "DeletionByTaintManager", "phase": "Failed", "exit_code": 143}, "node"),
-    ({"disruption": "DeletionByPodGC", "phase": "Failed"}, "node"),
+    ({"reason": "Evicted", "phase": "Failed"}, "node_failure"),
+    ({"disruption": "DeletionByTaintManager", "phase": "Failed", "exit_code": 143}, "node_failure"),
+    ({"disruption": "DeletionByPodGC", "phase": "Failed"}, "node_failure"),
     ({"disruption": "PreemptionByScheduler", "phase": "Failed", "exit_code": 143}, "preempted"),
 ])
 def test_infrastructure_failures_beat_the_ranks_they_took_down(fake: FakeApiServer, backend: KubernetesBackend,
@@ -295,7 +295,7 @@ def test_indexed_job_program_failure_from_failure_message_alone() -> None:
                            message="Container trainer for pod team-a/shardctl-7-1-0-abcde failed with exit code 42 "
                                    "matching FailJob rule at index 1")
         obs = backend.poll([handle])[NAME]
-        assert (obs.failure, obs.exit_code) == ("program", 42)
+        assert (obs.failure, obs.exit_code) == ("program_error", 42)
         fake.set_condition("jobs", NS, NAME, "Complete")
         assert backend.poll([handle])[NAME].state == RunState.SUCCEEDED
 

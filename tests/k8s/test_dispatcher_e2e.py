@@ -97,7 +97,7 @@ def test_program_error_fails_and_node_loss_retries(env: Env, admin: dict[str, st
     job = _job(env, doomed, admin)
     assert job["status"] == "FAILED" and len(job["attempts"]) == 1
     failed = _events(env, doomed, admin)[-1]["data"]
-    assert failed["exit_code"] == 3 and failed["failure"] == "program" and failed["log_tail"] == "loss is nan"
+    assert failed["exit_code"] == 3 and failed["failure"] == "program_error" and failed["log_tail"] == "loss is nan"
     assert _job(env, flaky, admin)["status"] == "QUEUED"
     time.sleep(0.05)
     dispatcher.run_once()

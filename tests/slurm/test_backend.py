@@ -253,7 +253,7 @@ def test_a_failing_program_is_failed_with_its_exit_code_and_log_tail(backend: Sl
     code = "import os, sys; print('loss is nan on rank', os.environ['RANK'], flush=True); sys.exit(3)"
     handle = backend.submit(launch_request(py(code), nodes=2))
     obs = wait_for(backend, handle, lambda o: o.state in TERMINAL)
-    assert obs.state == RunState.FAILED and obs.failure == "program", obs
+    assert obs.state == RunState.FAILED and obs.failure == "program_error", obs
     assert obs.exit_code == 3
     assert obs.log_tail is not None and "loss is nan on rank" in obs.log_tail and "exitcode  : 3" in obs.log_tail
     assert obs.nodes == ["node1", "node2"]

@@ -84,7 +84,7 @@ def test_a_failing_program_fails_the_job_with_exit_code_and_log_tail(
     job = drive(env, make_dispatcher(env, tmp_path / "slurm", partition), job_id, admin)
     assert job["status"] == "FAILED" and len(job["attempts"]) == 1
     failed = events(env, job_id, admin)[-1]
-    assert failed["data"]["exit_code"] == 3 and failed["data"]["failure"] == "program"
+    assert failed["data"]["exit_code"] == 3 and failed["data"]["failure"] == "program_error"
     assert "loss is nan" in failed["data"]["log_tail"]
     assert job["attempts"][0]["nodes"] == ["node1", "node2"]
 

@@ -31,6 +31,7 @@ from kubernetes import client as k8s_client
 from workers.backends.base import (
     BackendError,
     BackendUnavailable,
+    FailureClass,
     Handle,
     LaunchRequest,
     Observation,
@@ -264,7 +265,7 @@ class KubernetesBackend:
             found = next(((k, objects[(ns, k, k8s)]) for k in candidates if (ns, k, k8s) in objects), None)
             if found is None:
                 if handle.name in self._cancelled:
-                    out[handle.name] = Observation(state=RunState.CANCELLED, failure="cancelled",
+                    out[handle.name] = Observation(state=RunState.CANCELLED, failure=FailureClass.CANCELLED,
                                                    reason="deleted by shardctl")
                 else:
                     out[handle.name] = Observation(state=RunState.MISSING)

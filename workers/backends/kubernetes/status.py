@@ -13,13 +13,20 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from workers.backends.base import FailureClass, Observation, RunState
+from service.failures import FailureClass
+from workers.backends.base import Observation, RunState
+from workers.backends.evidence import memory_failure
 from workers.backends.kubernetes.naming import ObjectKind
 
 RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
 #: Pod disruption reasons (condition DisruptionTarget) that mean "preempted" rather than "node".
 PREEMPTION_REASONS = {"PreemptionByScheduler", "PreemptionByKueue"}
 NODE_POD_REASONS = {"Evicted", "NodeLost", "NodeShutdown", "Terminated", "UnexpectedAdmissionError"}
+#: Container waiting reasons that mean the container cannot be started as specified: waiting longer
+#: does not help (an image that does not exist, a missing Secret key). `ErrImagePull` alone is not one:
+#: the kubelet retries it, and it becomes `ImagePullBackOff` when the retry failed too.
+LAUNCH_WAITING_REASONS = {"ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError",
+                          "CreateContainerError"}
 #: The condition that says a workload of each kind finished well.
 SUCCEEDED_CONDITION: dict[ObjectKind, str] = {"jobset": "Completed", "indexed-job": "Complete",
                                               "pytorchjob": "Succeeded"}
@@ -57,19 +64,37 @@ def pod_failure(pod: Mapping[str, Any]) -> PodFailure | None:
     for cond in status.get("conditions") or []:
         if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
             why = str(cond.get("reason") or "")
-            failure: FailureClass = "preempted" if why in PREEMPTION_REASONS else "node"
+            failure = FailureClass.PREEMPTED if why in PREEMPTION_REASONS else FailureClass.NODE_FAILURE
             text = f"pod {name}: {why}" + (f": {cond.get('message')}" if cond.get("message") else "")
             return PodFailure(failure, None, text, None, _ts(cond.get("lastTransitionTime")) or 0.0)
     if status.get("reason") in NODE_POD_REASONS:
-        return PodFailure("node", None, f"pod {name}: {status['reason']}" + (f": {message}" if message else ""),
-                          None, 0.0)
+        return PodFailure(FailureClass.NODE_FAILURE, None,
+                          f"pod {name}: {status['reason']}" + (f": {message}" if message else ""), None, 0.0)
     for cs in status.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated")
         if term and int(term.get("exitCode") or 0) != 0:
             code = int(term["exitCode"])
             why = str(term.get("reason") or "Error")
-            return PodFailure("program", code, f"pod {name}: container {cs.get('name')} {why} (exit code {code})",
-                              term.get("message") or None, _ts(term.get("finishedAt")) or 0.0)
+            text = f"pod {name}: container {cs.get('name')} {why} (exit code {code})"
+            tail = term.get("message") or None  # terminationMessagePolicy FallbackToLogsOnError: the log's end
+            # OOMKilled: the kernel killed it at the container's memory limit (host memory, not the GPU's)
+            cause = FailureClass.OOM_HOST if why == "OOMKilled" else memory_failure(tail or "")
+            if why == "OOMKilled":
+                text += ": the container's memory limit"
+            return PodFailure(cause or FailureClass.PROGRAM_ERROR, code, text, tail,
+                              _ts(term.get("finishedAt")) or 0.0)
+    return None
+
+
+def launch_failure(pod: Mapping[str, Any]) -> str | None:
+    """Why this pod's container cannot start as specified (`LAUNCH_WAITING_REASONS`), in words; None
+    when it is not stuck that way."""
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in LAUNCH_WAITING_REASONS:
+            message = str(waiting.get("message") or "")
+            return (f"pod {pod.get('metadata', {}).get('name', '?')}: container {cs.get('name')} "
+                    f"{waiting['reason']}" + (f": {message}" if message else ""))
     return None
 
 
@@ -99,13 +124,18 @@ def observe(kind: ObjectKind, obj: Mapping[str, Any], pods: Sequence[Mapping[str
     if failed is not None:
         return _failed(failed, pods, nodes)
     if (obj.get("metadata") or {}).get("deletionTimestamp"):
-        return Observation(state=RunState.CANCELLED, nodes=nodes, failure="cancelled", reason="deleted")
+        return Observation(state=RunState.CANCELLED, nodes=nodes, failure=FailureClass.CANCELLED, reason="deleted")
     suspended = conds.get("Suspended")
     if suspended is not None or (obj.get("spec") or {}).get("suspend") is True:
         text = " ".join(str((suspended or {}).get(k) or "") for k in ("reason", "message")).strip()
         preempted = bool(re.search(r"preempt|evict", text, re.IGNORECASE))
-        return Observation(state=RunState.PENDING, nodes=nodes, failure="preempted" if preempted else None,
+        return Observation(state=RunState.PENDING, nodes=nodes, failure=FailureClass.PREEMPTED if preempted else None,
                            reason=f"suspended (queued){': ' + text if text else ''}")
+    for pod in pods:  # one rank that cannot start holds the whole gang: a launch error, not a wait
+        cannot_start = launch_failure(pod)
+        if cannot_start is not None:
+            return Observation(state=RunState.FAILED, nodes=nodes, failure=FailureClass.LAUNCH_ERROR,
+                               reason=cannot_start)
     running = any((p.get("status") or {}).get("phase") == "Running" for p in pods)
     if kind == "pytorchjob" and "Running" in conds:
         running = True
@@ -123,30 +153,30 @@ def observe(kind: ObjectKind, obj: Mapping[str, Any], pods: Sequence[Mapping[str
     for pod in pods:
         waiting = _pending_since(pod)
         if waiting is not None and now - waiting[0] >= unschedulable_after_s:
-            return Observation(state=RunState.PENDING, nodes=nodes, failure="capacity",
+            return Observation(state=RunState.PENDING, nodes=nodes, failure=FailureClass.CAPACITY,
                                reason=f"unschedulable for {now - waiting[0]:.0f} s: {waiting[1]}")
     return Observation(state=RunState.PENDING, nodes=nodes)
 
 
 def _failed(cond: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], nodes: list[str]) -> Observation:
     failures = [f for f in (pod_failure(p) for p in pods) if f is not None]
-    infra = [f for f in failures if f.failure != "program"]
+    infra = [f for f in failures if f.failure in (FailureClass.NODE_FAILURE, FailureClass.PREEMPTED)]
     if infra:
         # A lost node or a preempted pod makes the other ranks fail too: the infrastructure is the cause.
-        first = min(infra, key=lambda f: (f.failure != "preempted", f.at))
+        first = min(infra, key=lambda f: (f.failure != FailureClass.PREEMPTED, f.at))
         return Observation(state=RunState.FAILED, nodes=nodes, failure=first.failure, reason=first.reason)
     if failures:
         first = min(failures, key=lambda f: f.at)
-        return Observation(state=RunState.FAILED, nodes=nodes, failure="program", exit_code=first.exit_code,
+        return Observation(state=RunState.FAILED, nodes=nodes, failure=first.failure, exit_code=first.exit_code,
                            reason=first.reason, log_tail=first.log_tail)
     why = str(cond.get("reason") or "Failed")
     message = str(cond.get("message") or "")
     text = f"{why}: {message}" if message else why
     if why == "DeadlineExceeded":
-        return Observation(state=RunState.FAILED, nodes=nodes, failure="timeout", reason=text)
+        return Observation(state=RunState.FAILED, nodes=nodes, failure=FailureClass.TIMEOUT, reason=text)
     match = _EXIT_CODE.search(message)
     if match:
-        return Observation(state=RunState.FAILED, nodes=nodes, failure="program", exit_code=int(match.group(1)),
-                           reason=text)
+        return Observation(state=RunState.FAILED, nodes=nodes, failure=FailureClass.PROGRAM_ERROR,
+                           exit_code=int(match.group(1)), reason=text)
     # Failed, and the pods that would say why are gone: the cause is unknown, so a retry is fair.
-    return Observation(state=RunState.FAILED, nodes=nodes, failure="lost", reason=text)
+    return Observation(state=RunState.FAILED, nodes=nodes, failure=FailureClass.LOST, reason=text)

@@ -22,7 +22,7 @@ from workers.backends.base import Handle, LaunchRequest, Observation, Rendered, 
 from workers.backends.slurm import accounting
 from workers.backends.slurm.client import SlurmClient
 from workers.backends.slurm.logs import log_tail
-from workers.backends.slurm.states import SlurmObservation, observe
+from workers.backends.slurm.states import SlurmObservation, observe, with_output_evidence
 from workers.backends.slurm.submission import SlurmSubmission, SubmissionDefaults, build_submission
 
 
@@ -122,6 +122,7 @@ class SlurmBackend:
             obs = observe(merged)
             if obs.state == RunState.FAILED:
                 obs.log_tail = log_tail(self.job_folder(h.name), obs.job_id)
+                obs = with_output_evidence(obs)  # an out-of-memory message makes it oom_gpu / oom_host
             out[h.name] = obs
         return out
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from workers.backends.base import FailureClass, Observation, RunState
+from service.failures import FailureClass
+from workers.backends.base import Observation, RunState
+from workers.backends.evidence import memory_failure
 from workers.backends.slurm.nodelist import expand_nodelist, nodes_complete
 
 #: Slurm states of a job that has not started (or was put back in the queue)
@@ -21,15 +23,17 @@ LIVE = WAITING | RUNNING
 #: Slurm states of a job that was cancelled (by a user, or revoked by a federation)
 CANCELLED = frozenset({"CANCELLED", "REVOKED"})
 #: terminal Slurm states that are failures -> (failure class, words for the reason); any other
-#: unknown terminal state is `lost`
+#: unknown terminal state is `lost`. FAILED is the program's own exit: the launcher exits with the
+#: failing rank's exit code (not torchrun's 1), which sacct's `ExitCode` carries; OUT_OF_MEMORY is
+#: the job's cgroup memory limit (host memory).
 FAILED_STATES: Mapping[str, tuple[FailureClass, str]] = {
-    "FAILED": ("program", "the program failed"),
-    "OUT_OF_MEMORY": ("program", "out of memory"),
-    "TIMEOUT": ("timeout", "time limit reached"),
-    "DEADLINE": ("timeout", "deadline reached"),
-    "NODE_FAIL": ("node", "node failure"),
-    "BOOT_FAIL": ("node", "node boot failure"),
-    "PREEMPTED": ("preempted", "preempted (not requeued)"),
+    "FAILED": (FailureClass.PROGRAM_ERROR, "the program failed"),
+    "OUT_OF_MEMORY": (FailureClass.OOM_HOST, "out of host memory (the job's memory limit)"),
+    "TIMEOUT": (FailureClass.TIMEOUT, "time limit reached"),
+    "DEADLINE": (FailureClass.TIMEOUT, "deadline reached"),
+    "NODE_FAIL": (FailureClass.NODE_FAILURE, "node failure"),
+    "BOOT_FAIL": (FailureClass.NODE_FAILURE, "node boot failure"),
+    "PREEMPTED": (FailureClass.PREEMPTED, "preempted (not requeued)"),
 }
 
 
@@ -79,11 +83,11 @@ def observe(records: Sequence[Mapping[str, str]]) -> SlurmObservation:
     elif slurm_state == "COMPLETED":
         state, exit_value = RunState.SUCCEEDED, 0
     elif slurm_state in CANCELLED:
-        state, failure, reason = RunState.CANCELLED, "cancelled", cur["State"].lower()
+        state, failure, reason = RunState.CANCELLED, FailureClass.CANCELLED, cur["State"].lower()
     else:
         state = RunState.FAILED
         exit_value = code if code else (128 + sig if sig else code)
-        failure, why = FAILED_STATES.get(slurm_state, ("lost", f"Slurm state {slurm_state}"))
+        failure, why = FAILED_STATES.get(slurm_state, (FailureClass.LOST, f"Slurm state {slurm_state}"))
         reason = f"{why} (Slurm {slurm_state}, exit {cur['ExitCode']})"
     if state in (RunState.SUCCEEDED, RunState.FAILED) and not nodes_complete(cur):
         # accounting has not recorded all its nodes yet: no verdict until it has
@@ -93,3 +97,15 @@ def observe(records: Sequence[Mapping[str, str]]) -> SlurmObservation:
     return SlurmObservation(state=state, nodes=nodes, exit_code=exit_value, failure=failure, reason=reason,
                             job_id=cur["JobIDRaw"], slurm_state=slurm_state, requeues=len(earlier),
                             requeue_reasons=requeue_reasons)
+
+
+def with_output_evidence(obs: SlurmObservation) -> SlurmObservation:
+    """A FAILED observation whose log tail (the program's own lines) shows it ran out of memory is
+    `oom_gpu` or `oom_host` rather than `program_error`; anything else is returned unchanged."""
+    if obs.state != RunState.FAILED or obs.failure != FailureClass.PROGRAM_ERROR or not obs.log_tail:
+        return obs
+    memory = memory_failure(obs.log_tail)
+    if memory is None:
+        return obs
+    what = "GPU memory (CUDA out of memory)" if memory == FailureClass.OOM_GPU else "host memory (MemoryError)"
+    return obs.model_copy(update={"failure": memory, "reason": f"out of {what}; {obs.reason}"})
