@@ -61,3 +61,9 @@ class Snapshot(_Frozen):
     usage_blend: float = Field(0.5, ge=0, le=1, description="Weight of past usage against current use in the"
                                " fair-share order (0: current use only).")
     min_runtime_s: float = Field(600.0, ge=0, description="A job younger than this is never preempted.")
+    reserve_after_s: float = Field(900.0, ge=0, description="A job blocked this long since submission (or since"
+                                   " its backoff ended) reserves what it waits for: later jobs may not take it.")
+    default_quota: TeamQuota | None = Field(None, description="Quota of a team absent from `quotas` (None: such"
+                                            " a team has no quota at all).")
+    eta_unknown_s: float = Field(3600.0, ge=0, description="The ETA band's latest edge assumes a job of unknown"
+                                 " duration runs this long (its earliest edge: 0).")

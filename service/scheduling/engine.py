@@ -1,0 +1,707 @@
+"""Admission, preemption, "why pending" and the ETA band: pure functions of a `Snapshot`.
+
+Contract (docs/scheduling.md has the long form):
+
+- `admit(s)` walks the waiting jobs once, in admission order, and admits each job whose GPUs fit
+  in a matching pool's free GPUs (pool free minus what earlier jobs reserve) and in its team's quota
+  for that GPU kind: its own `nominal`, plus up to `borrowing_limit` more taken from what others lend
+  (every team's unused nominal up to its `lending_limit`, and pool capacity no team's nominal covers).
+- Order: priority (desc); then jobs that stay inside their team's nominal before jobs that borrow;
+  then fair share (lowest first, recomputed after each admission, as Kueue's heap does); then
+  `submitted_at`, then id. Fair share of a team, with the job counted:
+  `max over GPU kinds k of cost_k * ((1 - blend) * borrowed_k / lendable_k + blend * past_k / past_total_k)
+  / weight` (weight 0: last).
+- Backfill: a job that does not fit is skipped and later jobs may start, unless it has waited
+  `reserve_after_s` (since submission, or since its backoff ended): then it reserves what it waits for
+  (pool GPUs, its team's headroom, lendable quota) and later jobs may not take them; so every job
+  that can ever fit is admitted once the jobs ahead of it in order have run.
+- Preemption (per pool: never / reclaim / lower_priority): see `_try_preempt`. A preempted job's
+  GPUs are not free in this cycle; the preemptor reserves them, and in later cycles jobs being
+  preempted or cancelled (`preemptible=False`) count as "being released", never as new victims.
+
+Pure and deterministic: no clock, no database, no randomness; the same snapshot gives the same
+`Decision`, `Explanation` and `Eta`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from service.planner.hardware import CATALOG
+from service.scheduling.decisions import (
+    Admission,
+    Ahead,
+    Decision,
+    Eta,
+    Explanation,
+    Preemption,
+    Reason,
+    ReasonCode,
+)
+from service.scheduling.model import Pool, PreemptionPolicy
+from service.scheduling.state import RunningJob, Snapshot, WaitingJob
+
+INF = math.inf
+#: the ETA band: known durations run this fraction shorter (earliest) or longer (latest).
+ETA_TOLERANCE = 0.2
+_A100_PEAK = CATALOG["A100-SXM-80GB"].peak_tflops["bf16"]
+
+
+class UnknownJob(KeyError):
+    """`explain`/`eta` for a job id that is neither waiting nor running in the snapshot."""
+
+
+def kind_cost(kind: str, pools: Iterable[Pool] = ()) -> float:
+    """Fair-share weight of one GPU of `kind`: the first pool's explicit `cost` (by name), else the
+    catalog's bf16 (or best) peak relative to an A100's, else 1."""
+    for p in sorted(pools, key=lambda p: p.name):
+        if p.gpu == kind and p.cost is not None:
+            return p.cost
+    gpu = CATALOG.get(kind)
+    if gpu is None or not gpu.peak_tflops:
+        return 1.0
+    peak = gpu.peak_tflops.get("bf16") or gpu.peak_tflops.get("fp16") or max(gpu.peak_tflops.values())
+    return peak / _A100_PEAK
+
+
+@dataclass(slots=True)
+class _Quota:
+    nominal: int
+    borrow: float  # borrowing_limit, INF for none
+    lend: int  # lending_limit capped at nominal
+
+    def contrib(self, u: int) -> int:
+        """What this team adds to its kind's free lendable quota at usage `u`: lent minus borrowed."""
+        if u <= self.nominal:
+            return min(self.lend, self.nominal - u)
+        return self.nominal - u
+
+
+_NO_QUOTA = _Quota(0, 0, 0)
+
+
+@dataclass(slots=True)
+class _Blocked:
+    code: ReasonCode
+    available: int
+    limit: int
+    detail: str = ""
+
+
+@dataclass
+class _Cycle:
+    """Counters of one admission cycle, updated incrementally as jobs are admitted or reserve."""
+
+    s: Snapshot
+    pools: dict[str, Pool] = field(default_factory=dict)
+    free: dict[str, int] = field(default_factory=dict)  # capacity minus every running job
+    reserved: dict[str, int] = field(default_factory=dict)  # held for earlier (old or preempting) jobs
+    releasing: dict[str, int] = field(default_factory=dict)  # held by jobs being preempted/cancelled
+    usage: dict[tuple[str, str], int] = field(default_factory=dict)  # (team, kind) -> GPUs held
+    team_res: dict[tuple[str, str], int] = field(default_factory=dict)
+    team_releasing: dict[tuple[str, str], int] = field(default_factory=dict)
+    free_lend: dict[str, int] = field(default_factory=dict)  # kind -> lendable minus borrowed
+    lend_res: dict[str, int] = field(default_factory=dict)
+    lend_total: dict[str, int] = field(default_factory=dict)
+    lend_releasing: dict[str, int] = field(default_factory=dict)
+    cost: dict[str, float] = field(default_factory=dict)
+    past: dict[tuple[str, str], float] = field(default_factory=dict)  # share of the kind's past usage
+    quotas: dict[tuple[str, str], _Quota] = field(default_factory=dict)
+    candidates: dict[tuple[str, str, str | None], list[str]] = field(default_factory=dict)
+    running_by_pool: dict[str, list[RunningJob]] = field(default_factory=dict)
+    victims: set[int] = field(default_factory=set)
+    start_borrow: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        s = self.s
+        cap: dict[str, int] = {}
+        for p in s.pools:
+            self.pools[p.name] = p
+            self.free[p.name] = p.gpus
+            self.reserved[p.name] = 0
+            self.releasing[p.name] = 0
+            cap[p.gpu] = cap.get(p.gpu, 0) + p.gpus
+            self.running_by_pool[p.name] = []
+        kinds = set(cap)
+        for r in s.running:
+            kinds.add(r.gpu)
+        for j in s.waiting:
+            kinds.add(j.gpu)
+        for k in kinds:
+            self.cost[k] = kind_cost(k, s.pools)
+        # quotas per (team, kind); unowned capacity lends to everyone
+        nominal_sum: dict[str, int] = {}
+        lend_sum: dict[str, int] = {}
+        for team, tq in s.quotas.items():
+            for k, fq in tq.flavors.items():
+                lend = fq.nominal if fq.lending_limit is None else min(fq.lending_limit, fq.nominal)
+                borrow = INF if fq.borrowing_limit is None else float(fq.borrowing_limit)
+                self.quotas[(team, k)] = _Quota(fq.nominal, borrow, lend)
+                nominal_sum[k] = nominal_sum.get(k, 0) + fq.nominal
+                lend_sum[k] = lend_sum.get(k, 0) + lend
+        default = s.default_quota
+        if default is not None:
+            teams = {r.team for r in s.running} | {j.team for j in s.waiting}
+            for team in sorted(teams - set(s.quotas)):
+                for k, fq in default.flavors.items():
+                    lend = fq.nominal if fq.lending_limit is None else min(fq.lending_limit, fq.nominal)
+                    borrow = INF if fq.borrowing_limit is None else float(fq.borrowing_limit)
+                    self.quotas[(team, k)] = _Quota(fq.nominal, borrow, lend)
+                    nominal_sum[k] = nominal_sum.get(k, 0) + fq.nominal
+                    lend_sum[k] = lend_sum.get(k, 0) + lend
+        for k in kinds:
+            unowned = max(0, cap.get(k, 0) - nominal_sum.get(k, 0))
+            self.lend_total[k] = unowned + lend_sum.get(k, 0)
+            self.free_lend[k] = self.lend_total[k]
+            self.lend_res[k] = 0
+            self.lend_releasing[k] = 0
+        for r in s.running:
+            key = (r.team, r.gpu)
+            if r.pool in self.free:
+                self.free[r.pool] -= r.gpus
+                self.running_by_pool[r.pool].append(r)
+            q = self.quotas.get(key, _NO_QUOTA)
+            u = self.usage.get(key, 0)
+            self.free_lend[r.gpu] += q.contrib(u + r.gpus) - q.contrib(u)
+            self.usage[key] = u + r.gpus
+            if not r.preemptible:
+                if r.pool in self.releasing:
+                    self.releasing[r.pool] += r.gpus
+                self.team_releasing[key] = self.team_releasing.get(key, 0) + r.gpus
+                self.lend_releasing[r.gpu] += r.gpus
+        for key, u in self.usage.items():
+            q = self.quotas.get(key, _NO_QUOTA)
+            self.start_borrow[key] = max(0, u - q.nominal)
+        totals: dict[str, float] = {}
+        for team_usage in s.usage.values():
+            for k, v in team_usage.items():
+                totals[k] = totals.get(k, 0.0) + max(0.0, v)
+        for team, team_usage in s.usage.items():
+            for k, v in team_usage.items():
+                if totals.get(k, 0.0) > 0:
+                    self.past[(team, k)] = max(0.0, v) / totals[k]
+
+    # -- lookups ---------------------------------------------------------------------------------
+    def quota(self, team: str, kind: str) -> _Quota:
+        return self.quotas.get((team, kind), _NO_QUOTA)
+
+    def pools_for(self, j: WaitingJob) -> list[str]:
+        key = (j.backend, j.gpu, j.pool)
+        found = self.candidates.get(key)
+        if found is None:
+            found = sorted(p.name for p in self.pools.values()
+                           if p.backend == j.backend and p.gpu == j.gpu and (j.pool is None or p.name == j.pool))
+            self.candidates[key] = found
+        return found
+
+    def share(self, team: str, kind: str, extra: int) -> float:
+        """The team's fair share with `extra` more GPUs of `kind` (Kueue's DRS, cost-weighted, blended)."""
+        quota_team = self.s.quotas.get(team) or self.s.default_quota
+        weight = quota_team.weight if quota_team is not None else 1.0
+        if weight <= 0:
+            return INF
+        blend = self.s.usage_blend
+        best = 0.0
+        for k in self.cost:
+            u = self.usage.get((team, k), 0) + (extra if k == kind else 0)
+            if u == 0 and (team, k) not in self.past:
+                continue
+            borrowed = max(0, u - self.quota(team, k).nominal)
+            total = self.lend_total.get(k, 0)
+            now_part = borrowed / total if total > 0 else 0.0
+            value = self.cost[k] * ((1 - blend) * now_part + blend * self.past.get((team, k), 0.0))
+            best = max(best, value)
+        return best / weight
+
+    def ever_limit(self, team: str, kind: str) -> int:
+        """The most GPUs of `kind` the team could hold with every other team idle."""
+        q = self.quota(team, kind)
+        others = self.lend_total.get(kind, 0) - q.lend
+        return q.nominal + int(min(q.borrow, max(0, others)))
+
+    # -- fit checks ------------------------------------------------------------------------------
+    def quota_block(self, j: WaitingJob, own_freed: int = 0, lend_extra: int = 0,
+                    ignore_res: bool = False) -> _Blocked | None:
+        """None when the team's quota admits `j` now (after `own_freed` of its GPUs go, and with
+        `lend_extra` more lendable), else why not."""
+        key = (j.team, j.gpu)
+        q = self.quota(j.team, j.gpu)
+        u = self.usage.get(key, 0) - own_freed + (0 if ignore_res else self.team_res.get(key, 0))
+        g = j.gpus
+        if u + g <= q.nominal:
+            return None
+        limit_total = q.nominal + q.borrow
+        if u + g > limit_total:
+            return _Blocked(ReasonCode.QUOTA_EXCEEDED, int(max(0, limit_total - u)), int(limit_total),
+                            "borrowing limit")
+        base = self.free_lend[j.gpu] + lend_extra - (0 if ignore_res else self.lend_res[j.gpu])
+        after = base - q.contrib(u) + q.contrib(u + g)
+        if after >= 0:
+            return None
+        room = max(0, q.nominal - u) + max(0, base - max(0, min(q.lend, q.nominal - u)))
+        avail = int(min(room, max(0, limit_total - u)))
+        return _Blocked(ReasonCode.QUOTA_EXCEEDED, avail, int(min(limit_total, self.ever_limit(j.team, j.gpu))),
+                        "lendable quota")
+
+    def best_pool(self, names: list[str], g: int, extra: dict[str, int] | None = None,
+                  ignore_res: bool = False) -> str | None:
+        """The fitting pool with the least room left (best fit), ties by name; None if none fits."""
+        best: tuple[int, str] | None = None
+        for n in names:
+            room = self.free[n] - (0 if ignore_res else self.reserved[n]) + (extra.get(n, 0) if extra else 0)
+            if room >= g and (best is None or room < best[0]):
+                best = (room, n)
+        return best[1] if best else None
+
+    def admit(self, j: WaitingJob, pool: str) -> int:
+        key = (j.team, j.gpu)
+        q = self.quota(j.team, j.gpu)
+        u = self.usage.get(key, 0)
+        self.free[pool] -= j.gpus
+        self.free_lend[j.gpu] += q.contrib(u + j.gpus) - q.contrib(u)
+        self.usage[key] = u + j.gpus
+        return max(0, u + j.gpus - q.nominal) - max(0, u - q.nominal)
+
+    def reserve(self, j: WaitingJob, names: list[str], quota_blocked: bool, capacity_blocked: bool) -> None:
+        """Hold what `j` waits for so that later jobs cannot take it (the no-starvation rule)."""
+        g = j.gpus
+        if capacity_blocked and names:
+            pool = max(names, key=lambda n: (self.free[n] - self.reserved[n], [-ord(c) for c in n]))
+            self.reserved[pool] += min(g, max(0, self.free[pool] - self.reserved[pool]))
+        if quota_blocked:
+            key = (j.team, j.gpu)
+            q = self.quota(j.team, j.gpu)
+            u = self.usage.get(key, 0) + self.team_res.get(key, 0)
+            if q.borrow != INF:
+                self.team_res[key] = self.team_res.get(key, 0) + int(min(g, max(0, q.nominal + q.borrow - u)))
+            need_borrow = max(0, u + g - q.nominal) - max(0, u - q.nominal)
+            spare = self.free_lend[j.gpu] - self.lend_res[j.gpu]
+            self.lend_res[j.gpu] += min(need_borrow, max(0, spare))
+
+    # -- preemption ------------------------------------------------------------------------------
+    def _age(self, r: RunningJob) -> float:
+        return self.s.now - (r.started_at if r.started_at is not None else r.admitted_at)
+
+    def _lost(self, r: RunningJob) -> float:
+        if r.started_at is None:
+            return 0.0
+        return max(0.0, self.s.now - max(r.started_at, r.checkpoint_at or r.started_at))
+
+    def _group(self, team: str) -> str:
+        q = self.s.quotas.get(team)
+        return q.group if q is not None and q.group else f"team:{team}"
+
+    def try_preempt(self, j: WaitingJob, names: list[str]) -> tuple[str, list[RunningJob], str] | None:
+        """Victims that make `j` fit in one of `names`, or None (then nothing is preempted).
+
+        Rules: a team that stays within its nominal quota with `j` reclaims from jobs of teams that
+        borrow this GPU kind (pools with policy reclaim or lower_priority); in lower_priority pools a
+        job also preempts its own team's lower-priority jobs. Never a job younger than
+        `min_runtime_s`, one already being preempted or cancelled, or one chosen for another job.
+        Order: borrowers outside the preemptor's group first (lending stays inside the group first),
+        then least work lost since the last checkpoint, biggest borrower, lowest priority, newest id.
+        Greedy until `j` fits in capacity and quota, then every victim not needed is dropped."""
+        q = self.quota(j.team, j.gpu)
+        u = self.usage.get((j.team, j.gpu), 0)
+        within_nominal = u + j.gpus <= q.nominal
+        group = self._group(j.team)
+        min_rt = self.s.min_runtime_s
+        for name in sorted(names, key=lambda n: (-(self.free[n] - self.reserved[n]), n)):
+            pool = self.pools[name]
+            if pool.preemption == PreemptionPolicy.NEVER or pool.gpus < j.gpus:
+                continue
+            lower = pool.preemption == PreemptionPolicy.LOWER_PRIORITY
+            if not within_nominal and not lower:
+                continue
+            cands: list[tuple[tuple[int, float, int, int, int], RunningJob, str]] = []
+            for r in self.running_by_pool[name]:
+                if not r.preemptible or r.id in self.victims or self._age(r) < min_rt:
+                    continue
+                if r.team == j.team:
+                    if lower and r.priority < j.priority:
+                        rule = "priority"
+                    else:
+                        continue
+                elif within_nominal and self.start_borrow.get((r.team, r.gpu), 0) > 0:
+                    rule = "reclaim"
+                else:
+                    continue
+                outside = 0 if self._group(r.team) != group else 1
+                cands.append(((outside, self._lost(r), -self.start_borrow.get((r.team, r.gpu), 0),
+                               r.priority, -r.id), r, rule))
+            if not cands:
+                continue
+            cands.sort(key=lambda c: c[0])
+            chosen: list[tuple[RunningJob, str]] = []
+            borrow_left: dict[str, int] = {}
+            for _, r, rule in cands:
+                if rule == "reclaim":
+                    left = borrow_left.get(r.team, self.start_borrow.get((r.team, r.gpu), 0))
+                    if left <= 0:
+                        continue
+                    borrow_left[r.team] = left - r.gpus
+                chosen.append((r, rule))
+                if self._fits_without(j, name, [c for c, _ in chosen]):
+                    break
+            else:
+                continue
+            for i in range(len(chosen) - 1, -1, -1):
+                rest = [c for k, (c, _) in enumerate(chosen) if k != i]
+                if self._fits_without(j, name, rest):
+                    chosen.pop(i)
+            victims = [c for c, _ in chosen]
+            rules = sorted({rule for _, rule in chosen})
+            teams = sorted({c.team for c in victims})
+            if rules == ["priority"]:
+                why = (f"priority: job {j.id} (priority {j.priority}) of team {j.team} preempts lower-priority"
+                       f" jobs of its own team in pool {name}")
+            else:
+                why = (f"reclaim: team {j.team} takes back its nominal {j.gpu} quota ({q.nominal}) from"
+                       f" borrowing team(s) {', '.join(teams)} in pool {name}")
+            return name, victims, why
+        return None
+
+    def _fits_without(self, j: WaitingJob, pool: str, gone: list[RunningJob]) -> bool:
+        freed = sum(r.gpus for r in gone)
+        room = self.free[pool] - self.reserved[pool] + self.releasing[pool] + freed
+        if room < j.gpus:
+            return False
+        own = sum(r.gpus for r in gone if r.team == j.team)
+        lend_extra = self.lend_releasing.get(j.gpu, 0)
+        for r in gone:
+            if r.team != j.team:
+                q = self.quota(r.team, r.gpu)
+                u = self.usage.get((r.team, r.gpu), 0)
+                lend_extra += q.contrib(u - r.gpus) - q.contrib(u)
+        return self.quota_block(j, own_freed=own + self.team_releasing.get((j.team, j.gpu), 0),
+                                lend_extra=lend_extra) is None
+
+
+@dataclass
+class _Outcome:
+    decision: Decision
+    order: list[WaitingJob]
+    blocked: dict[int, list[_Blocked]]
+    cycle: _Cycle
+
+
+def _job_key(j: WaitingJob) -> tuple[int, float, int]:
+    return (-j.priority, j.submitted_at, j.id)
+
+
+def _run(s: Snapshot, want_reasons: bool = True, stop_at: int | None = None) -> _Outcome:
+    c = _Cycle(s)
+    now = s.now
+    by_team: dict[str, list[WaitingJob]] = {}
+    for j in s.waiting:
+        by_team.setdefault(j.team, []).append(j)
+    heads: list[tuple[int, int, float, float, int, str, int]] = []
+    queues: dict[str, list[WaitingJob]] = {}
+    for team, jobs in by_team.items():
+        jobs.sort(key=_job_key)
+        queues[team] = jobs
+        heads.append(_head_key(c, team, jobs[0], 0))
+    heapq.heapify(heads)
+    admitted: list[Admission] = []
+    preempted: list[Preemption] = []
+    order: list[WaitingJob] = []
+    blocked: dict[int, list[_Blocked]] = {}
+    reserve_after = s.reserve_after_s
+    while heads:
+        *_, team, idx = heapq.heappop(heads)
+        jobs = queues[team]
+        j = jobs[idx]
+        order.append(j)
+        why = _place(c, j, now, reserve_after, admitted, preempted)
+        if why:
+            blocked[j.id] = why
+        if stop_at is not None and j.id == stop_at:
+            break
+        if idx + 1 < len(jobs):
+            heapq.heappush(heads, _head_key(c, team, jobs[idx + 1], idx + 1))
+    waiting: dict[int, list[Reason]] = {}
+    if want_reasons:
+        cache: dict[tuple[object, ...], Reason] = {}
+        for j in order:
+            bl = blocked.get(j.id)
+            if bl is not None:
+                waiting[j.id] = [_reason(c, j, b, cache) for b in bl]
+    decision = Decision.model_construct(admitted=admitted, preempted=preempted, waiting=waiting,
+                                        order=[j.id for j in order])
+    return _Outcome(decision, order, blocked, c)
+
+
+def _head_key(c: _Cycle, team: str, j: WaitingJob, idx: int) -> tuple[int, int, float, float, int, str, int]:
+    u = c.usage.get((team, j.gpu), 0)
+    borrows = 1 if u + j.gpus > c.quota(team, j.gpu).nominal else 0
+    return (-j.priority, borrows, c.share(team, j.gpu, j.gpus), j.submitted_at, j.id, team, idx)
+
+
+def _place(c: _Cycle, j: WaitingJob, now: float, reserve_after: float,
+           admitted: list[Admission], preempted: list[Preemption]) -> list[_Blocked] | None:
+    """Admit `j`, or preempt for it, or say why it waits (and reserve for it when it has waited long)."""
+    if j.not_before is not None and j.not_before > now:
+        return [_Blocked(ReasonCode.BACKOFF, 0, 0, f"{j.not_before - now:.0f}")]
+    names = c.pools_for(j)
+    big_enough = [n for n in names if c.pools[n].gpus >= j.gpus]
+    if not big_enough:
+        largest = max((c.pools[n].gpus for n in names), default=0)
+        return [_Blocked(ReasonCode.NO_MATCHING_POOL, largest, largest, "too small" if names else "none")]
+    ever = c.ever_limit(j.team, j.gpu)
+    if j.gpus > ever:
+        return [_Blocked(ReasonCode.EXCEEDS_TEAM_LIMIT, ever, ever)]
+    qb = c.quota_block(j)
+    pool = c.best_pool(big_enough, j.gpus) if qb is None else None
+    if pool is not None:
+        admitted.append(Admission.model_construct(job_id=j.id, pool=pool, borrowed=c.admit(j, pool)))
+        return None
+    # Blocked: say why, then wait for what is being released, or preempt, or reserve.
+    why: list[_Blocked] = []
+    if qb is not None:
+        if c.quota_block(j, ignore_res=True) is None:
+            why.append(_Blocked(ReasonCode.WAITING_FOR_PRIORITY, qb.available, qb.limit, "quota held"))
+        else:
+            why.append(qb)
+    cap_blocked = c.best_pool(big_enough, j.gpus) is None
+    if cap_blocked:
+        roomiest = max(big_enough, key=lambda n: (c.free[n] - c.reserved[n], [-ord(x) for x in n]))
+        if c.best_pool(big_enough, j.gpus, ignore_res=True) is not None:
+            why.append(_Blocked(ReasonCode.WAITING_FOR_PRIORITY, max(0, c.free[roomiest] - c.reserved[roomiest]),
+                                c.pools[roomiest].gpus, f"pool held:{roomiest}"))
+        else:
+            why.append(_Blocked(ReasonCode.WAITING_FOR_CAPACITY, max(0, c.free[roomiest] - c.reserved[roomiest]),
+                                c.pools[roomiest].gpus, f"pool:{roomiest}" + (";quota" if qb else "")))
+    releasing = c.best_pool(big_enough, j.gpus, extra=c.releasing) is not None and c.quota_block(
+        j, own_freed=c.team_releasing.get((j.team, j.gpu), 0), lend_extra=c.lend_releasing.get(j.gpu, 0)) is None
+    long_wait = now - max(j.submitted_at, j.not_before or j.submitted_at) >= reserve_after
+    if releasing:
+        for b in why:
+            b.detail += ";releasing"
+        c.reserve(j, big_enough, qb is not None, True)
+        return why
+    got = c.try_preempt(j, big_enough)
+    if got is not None:
+        name, victims, reason = got
+        for v in victims:
+            c.victims.add(v.id)
+            preempted.append(Preemption.model_construct(victim=v.id, by=j.id, reason=reason))
+            c.releasing[name] += v.gpus
+            if v.team == j.team:
+                c.team_releasing[(j.team, j.gpu)] = c.team_releasing.get((j.team, j.gpu), 0) + v.gpus
+        c.reserved[name] += min(j.gpus, max(0, c.free[name] - c.reserved[name]) + sum(v.gpus for v in victims))
+        for b in why:
+            b.detail += ";preempting"
+        return why
+    if long_wait:
+        c.reserve(j, big_enough, qb is not None, cap_blocked)
+    return why
+
+
+def _reason(c: _Cycle, j: WaitingJob, b: _Blocked, cache: dict[tuple[object, ...], Reason]) -> Reason:
+    key = (b.code, j.team, j.gpu, j.gpus, b.available, b.limit, b.detail)
+    got = cache.get(key)
+    if got is not None:
+        return got
+    flavor = j.gpu
+    code = b.code
+    tail = ""
+    if b.detail.endswith(";releasing"):
+        tail = "; GPUs being released by preempted or cancelled jobs will make room"
+    elif b.detail.endswith(";preempting"):
+        tail = "; jobs are being preempted to make room for it"
+    if code is ReasonCode.BACKOFF:
+        msg = f"a retry waiting out its backoff: admitted no sooner than in {b.detail.split(';')[0]} s"
+        r = Reason.model_construct(code=code, message=msg, flavor=None, requested=None, available=None, limit=None)
+    elif code is ReasonCode.NO_MATCHING_POOL:
+        if b.detail == "none":
+            msg = (f"no pool has backend {j.backend} and GPU kind {j.gpu}"
+                   + (f" named {j.pool}" if j.pool else ""))
+        else:
+            msg = f"needs {j.gpus} {j.gpu} GPUs in one pool; the largest matching pool has {b.limit}"
+        r = Reason.model_construct(code=code, message=msg, flavor=flavor, requested=j.gpus,
+                                   available=b.available, limit=b.limit)
+    else:
+        if code is ReasonCode.EXCEEDS_TEAM_LIMIT:
+            msg = (f"team {j.team} may never hold more than {b.limit} {flavor} GPUs (nominal plus what it may"
+                   f" borrow); the job needs {j.gpus}")
+        elif code is ReasonCode.QUOTA_EXCEEDED:
+            msg = (f"team {j.team}'s {flavor} quota is in use: {b.available} of the {j.gpus} GPUs it needs are"
+                   f" available to it now ({b.detail}; at most {b.limit})")
+        elif code is ReasonCode.WAITING_FOR_CAPACITY:
+            pool = b.detail.split(";")[0].removeprefix("pool:")
+            msg = (f"pool {pool} has {b.available} of {b.limit} {flavor} GPUs free; it needs {j.gpus}"
+                   + ("" if ";quota" in b.detail else " (its team's quota allows it)"))
+        else:
+            held = "quota" if b.detail.startswith("quota held") else "GPUs"
+            msg = (f"it would fit, but the {held} it needs are held for higher-priority or longer-waiting jobs"
+                   f" ahead of it ({b.available} {flavor} GPUs free to it, needs {j.gpus})")
+        r = Reason.model_construct(code=code, message=msg + tail, flavor=flavor, requested=j.gpus,
+                                   available=b.available, limit=b.limit)
+    cache[key] = r
+    return r
+
+
+def admit(s: Snapshot) -> Decision:
+    """One admission cycle: which waiting jobs start where, which running jobs to preempt, why the rest wait."""
+    return _run(s).decision
+
+
+def _competes(c: _Cycle, a: WaitingJob, b: WaitingJob) -> bool:
+    return a.gpu == b.gpu and bool(set(c.pools_for(a)) & set(c.pools_for(b)))
+
+
+def explain(s: Snapshot, job_id: int, viewer_team: str | None) -> Explanation:
+    """Why job `job_id` waits: reasons with numbers, its position in its team and pool (1-based), the
+    jobs ahead of it that compete for the same pools (the viewer's own team's listed, other teams'
+    only counted and summed; `viewer_team=None` is an admin and sees every one), and the ETA band.
+    Raises `UnknownJob` when the job is neither waiting nor running."""
+    for r in s.running:
+        if r.id == job_id:
+            return Explanation(status="admitted", admitted=True,
+                               eta=Eta(earliest_s=0.0, latest_s=0.0, method="already admitted"))
+    target = next((j for j in s.waiting if j.id == job_id), None)
+    if target is None:
+        raise UnknownJob(f"job {job_id} is neither waiting nor admitted in this snapshot")
+    out = _run(s, want_reasons=False, stop_at=job_id)
+    c = out.cycle
+    blocked = out.blocked.get(job_id)
+    ahead = out.order[:-1]
+    team_pos = 1 + sum(1 for a in ahead if a.team == target.team)
+    competing = [a for a in ahead if _competes(c, a, target)]
+    listed: list[Ahead] = []
+    others_jobs = others_gpus = 0
+    for a in competing:
+        if viewer_team is None or a.team == viewer_team:
+            listed.append(Ahead(job_id=a.id, team=a.team, gpus=a.gpus, priority=a.priority))
+        else:
+            others_jobs += 1
+            others_gpus += a.gpus
+    reasons: list[Reason] = []
+    if blocked:
+        cache: dict[tuple[object, ...], Reason] = {}
+        reasons = [_reason(c, target, b, cache) for b in blocked]
+        waiting_ahead = [a for a in competing if a.id in out.blocked]
+        if waiting_ahead and ReasonCode.WAITING_FOR_PRIORITY not in {r.code for r in reasons} and any(
+                r.code is ReasonCode.WAITING_FOR_CAPACITY for r in reasons):
+            gpus = sum(a.gpus for a in waiting_ahead)
+            reasons.append(Reason(code=ReasonCode.WAITING_FOR_PRIORITY, flavor=target.gpu, requested=target.gpus,
+                                  message=f"{len(waiting_ahead)} waiting jobs ({gpus} {target.gpu} GPUs) for the"
+                                  " same pools are ahead of it in admission order"))
+    admitted_now = blocked is None
+    return Explanation(
+        status="queued", admitted=admitted_now, reasons=reasons,
+        position={"team": team_pos, "pool": len(competing) + 1},
+        ahead=listed, ahead_other_teams={"jobs": others_jobs, "gpus": others_gpus} if others_jobs else {},
+        eta=_eta_from(s, out, target))
+
+
+def eta(s: Snapshot, job_id: int) -> Eta:
+    """Earliest/latest seconds from `s.now` until `job_id` starts: see `_eta_from`."""
+    for r in s.running:
+        if r.id == job_id:
+            return Eta(earliest_s=0.0, latest_s=0.0, method="already admitted")
+    target = next((j for j in s.waiting if j.id == job_id), None)
+    if target is None:
+        raise UnknownJob(f"job {job_id} is neither waiting nor admitted in this snapshot")
+    return _eta_from(s, _run(s, want_reasons=False, stop_at=job_id), target)
+
+
+def _eta_from(s: Snapshot, out: _Outcome, target: WaitingJob) -> Eta:
+    """Simulate the target's GPU kind forward: running jobs end after `remaining_s`, the jobs ahead of
+    it (in this cycle's admission order) start in that order as soon as a pool and their team's quota
+    have room, each running `predicted_s`. Run twice: earliest with known durations shortened by
+    ETA_TOLERANCE and unknown ones taken as 0, latest lengthened by it and unknown ones taken as
+    `s.eta_unknown_s`. Preemption and later arrivals are not simulated."""
+    c = out.cycle
+    blocked = out.blocked.get(target.id)
+    if blocked is None:
+        return Eta(earliest_s=0.0, latest_s=0.0, method="admitted in this cycle")
+    codes = {b.code for b in blocked}
+    if codes & {ReasonCode.NO_MATCHING_POOL, ReasonCode.EXCEEDS_TEAM_LIMIT}:
+        return Eta(earliest_s=None, latest_s=None, method="never, as things stand: it can never fit (see reasons)")
+    ahead = [a for a in out.order[:-1] if a.gpu == target.gpu and a.id in out.blocked and not (
+        {b.code for b in out.blocked[a.id]} & {ReasonCode.NO_MATCHING_POOL, ReasonCode.EXCEEDS_TEAM_LIMIT,
+                                               ReasonCode.BACKOFF})]
+    admitted_ids = {a.job_id: a.pool for a in out.decision.admitted}
+    starting = [a for a in out.order if a.id in admitted_ids and a.gpu == target.gpu]
+    running = [r for r in s.running if r.gpu == target.gpu]
+    unknown = sum(1 for r in running if r.remaining_s is None) + sum(
+        1 for a in (*ahead, *starting) if a.predicted_s is None)
+    results = []
+    for factor, unknown_s in ((1 - ETA_TOLERANCE, 0.0), (1 + ETA_TOLERANCE, s.eta_unknown_s)):
+        results.append(_simulate_start(c, s, target, ahead, starting, admitted_ids, running, factor, unknown_s))
+    earliest, latest = results
+    if earliest == INF:
+        return Eta(earliest_s=None, latest_s=None, method="no end in sight: nothing that runs frees enough room")
+    if target.not_before is not None:
+        earliest = max(earliest, target.not_before - s.now)
+        latest = max(latest, target.not_before - s.now)
+    method = (f"simulated {len(running)} running and {len(ahead) + len(starting)} queued {target.gpu} jobs ahead"
+              f" in admission order: durations x{1 - ETA_TOLERANCE:g}..x{1 + ETA_TOLERANCE:g}")
+    if unknown:
+        method += f"; {unknown} with unknown duration taken as 0..{s.eta_unknown_s:g} s"
+    return Eta(earliest_s=round(earliest, 1), latest_s=None if latest == INF else round(latest, 1), method=method)
+
+
+def _simulate_start(c: _Cycle, s: Snapshot, target: WaitingJob, ahead: list[WaitingJob],
+                    starting: list[WaitingJob], admitted_ids: dict[int, str], running: list[RunningJob],
+                    factor: float, unknown_s: float) -> float:
+    free = {n: p.gpus for n, p in c.pools.items() if p.gpu == target.gpu}
+    ends: dict[str, list[tuple[float, int]]] = {n: [] for n in free}
+    team_use: dict[str, int] = {}
+    team_ends: dict[str, list[tuple[float, int]]] = {}
+
+    def occupy(pool: str | None, team: str, gpus: int, end: float) -> None:
+        if pool in free:
+            free[pool] -= gpus
+            heapq.heappush(ends[pool], (end, gpus))
+        team_use[team] = team_use.get(team, 0) + gpus
+        heapq.heappush(team_ends.setdefault(team, []), (end, gpus))
+
+    for r in running:
+        rem = r.remaining_s * factor if r.remaining_s is not None else unknown_s
+        occupy(r.pool, r.team, r.gpus, rem)
+    for a in starting:
+        dur = a.predicted_s * factor if a.predicted_s is not None else unknown_s
+        occupy(admitted_ids[a.id], a.team, a.gpus, dur)
+    t = 0.0
+    for j in (*ahead, target):
+        names = [n for n in c.pools_for(j) if c.pools[n].gpus >= j.gpus]
+        if not names:
+            continue
+        cap = c.ever_limit(j.team, j.gpu)
+        if j.gpus > cap:
+            continue
+        while True:
+            for n in names:
+                h = ends[n]
+                while h and h[0][0] <= t:
+                    free[n] += heapq.heappop(h)[1]
+            th = team_ends.get(j.team, [])
+            while th and th[0][0] <= t:
+                team_use[j.team] -= heapq.heappop(th)[1]
+            pool = max(names, key=lambda n: (free[n], [-ord(x) for x in n]))
+            team_ok = team_use.get(j.team, 0) + j.gpus <= cap
+            if free[pool] >= j.gpus and team_ok:
+                break
+            nxt = INF
+            if free[pool] < j.gpus:
+                nxt = min((ends[n][0][0] for n in names if ends[n]), default=INF)
+            if not team_ok and th:
+                nxt = min(nxt, th[0][0]) if free[pool] < j.gpus else th[0][0]
+            if nxt == INF:
+                break
+            t = max(t, nxt)
+        if j is target:
+            return t if free[pool] >= j.gpus and team_use.get(j.team, 0) + j.gpus <= cap else INF
+        if free[pool] < j.gpus or team_use.get(j.team, 0) + j.gpus > cap:
+            continue
+        dur = j.predicted_s * factor if j.predicted_s is not None else unknown_s
+        occupy(pool, j.team, j.gpus, t + dur)
+    return t
+
+
+__all__ = ["ETA_TOLERANCE", "UnknownJob", "admit", "eta", "explain", "kind_cost"]
