@@ -1,0 +1,73 @@
+"""Which webhook URLs may be delivered to: http(s) only, and, unless an operator allows it
+(`SHARDCTL_WEBHOOK_ALLOW_PRIVATE=1`), never an address on loopback, a private network, link-local
+(cloud metadata services live there) or otherwise not globally routable, so that a tenant cannot
+make the dispatcher reach what only it can reach."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from urllib.parse import urlsplit
+
+MAX_URL_LENGTH = 2048
+FIX_PRIVATE = ("use a public address, or, on a single-machine install, let the operator set"
+               " SHARDCTL_WEBHOOK_ALLOW_PRIVATE=1")
+
+
+class AddressRefused(ValueError):
+    """A webhook URL that may not be used; the message says why and what to do instead."""
+
+
+def _refused_ip(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return _refused_ip(ip.ipv4_mapped)
+    for test, what in ((ip.is_loopback, "loopback"), (ip.is_link_local, "link-local"),
+                       (ip.is_private, "private"), (ip.is_multicast, "multicast"),
+                       (ip.is_unspecified, "unspecified"), (ip.is_reserved, "reserved")):
+        if test:
+            return what
+    return None if ip.is_global else "not globally routable"
+
+
+def resolve(host: str, port: int) -> list[str]:
+    """The addresses `host` resolves to (an IP literal resolves to itself); [] when it does not."""
+    try:
+        return sorted({str(info[4][0]) for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)})
+    except (OSError, UnicodeError):
+        return []
+
+
+def check_url(url: str, *, allow_private: bool) -> str:
+    """`url` when a delivery may go there; `AddressRefused` otherwise. The host is resolved: a name
+    that points at a private address is refused like the address itself (checked again before each
+    delivery, `check_address`)."""
+    if len(url) > MAX_URL_LENGTH:
+        raise AddressRefused(f"the URL is {len(url)} characters long; at most {MAX_URL_LENGTH}")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise AddressRefused(f"not a URL ({exc}); send e.g. https://hooks.example.com/shardctl") from exc
+    if parts.scheme not in ("http", "https"):
+        raise AddressRefused(f"scheme {parts.scheme or '(none)'!r} is not allowed: send an http:// or https:// URL")
+    if not parts.hostname:
+        raise AddressRefused("the URL has no host: send e.g. https://hooks.example.com/shardctl")
+    if parts.username or parts.password:
+        raise AddressRefused("credentials in the URL are not allowed (they would be shown to every reader"
+                             " of the subscription): authenticate deliveries by their signature instead")
+    check_address(parts.hostname, port or (443 if parts.scheme == "https" else 80), allow_private=allow_private)
+    return url
+
+
+def check_address(host: str, port: int, *, allow_private: bool) -> None:
+    """`AddressRefused` when `host` does not resolve, or resolves to an address that is not allowed."""
+    if allow_private:
+        return
+    addresses = resolve(host, port)
+    if not addresses:
+        raise AddressRefused(f"host {host!r} does not resolve; check the name")
+    for address in addresses:
+        why = _refused_ip(ipaddress.ip_address(address.split("%", 1)[0]))
+        if why is not None:
+            shown = host if host == address else f"{host} ({address})"
+            raise AddressRefused(f"{shown} is a {why} address, refused by default: {FIX_PRIVATE}")
