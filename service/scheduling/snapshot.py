@@ -1,0 +1,130 @@
+"""Build the engine's `Snapshot` from the store, in a few narrow queries.
+
+Waiting jobs are QUEUED jobs that hold no admission (`pool` NULL) of a backend admission manages
+(some pool in effect is of that backend, see `service.store.pools`). Running jobs are those that
+hold GPUs: admitted (`pool` set) and QUEUED (admitted, not yet leased) or SUBMITTING, PENDING,
+RUNNING or CANCELLING. A job admitted before pools existed (`pool` NULL) counts against the
+largest pool of its backend and kind. Only id, team, kind, counts and times are read (never a
+spec or plan document), so a queue of 10,000 jobs is a few thousand rows of a few columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import and_, or_, select
+from sqlalchemy.orm import Session
+
+from service.scheduling.model import FlavorQuota, Pool, TeamQuota
+from service.scheduling.state import RunningJob, Snapshot, WaitingJob
+from service.store.models import Attempt, Job, Team, as_utc, utcnow
+from service.store.pools import SourcedPool, effective_pools, matching
+from service.store.quotas import all_quotas
+from service.store.usage import decayed_usage
+from service.store.vocab import JobStatus
+
+S = JobStatus
+#: statuses of a job that holds (or, QUEUED with a pool, is about to use) its admission
+HOLDING = (S.QUEUED, S.SUBMITTING, S.PENDING, S.RUNNING, S.CANCELLING)
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotParams:
+    """The settings a snapshot carries (`Settings.local_gpus`, `usage_half_life_h`, ...)."""
+
+    local_gpus: str | None = None
+    usage_half_life_h: float = 168.0
+    usage_blend: float = 0.5
+    min_runtime_s: float = 600.0
+
+    @classmethod
+    def from_settings(cls, settings: object) -> SnapshotParams:
+        return cls(local_gpus=getattr(settings, "local_gpus", None),
+                   usage_half_life_h=getattr(settings, "usage_half_life_h", 168.0),
+                   usage_blend=getattr(settings, "usage_blend", 0.5),
+                   min_runtime_s=getattr(settings, "min_runtime_s", 600.0))
+
+
+def _ts(at: datetime | None) -> float | None:
+    return None if at is None else as_utc(at).timestamp()
+
+
+def build_snapshot(session: Session, params: SnapshotParams | None = None, *,
+                   now: datetime | None = None) -> Snapshot:
+    """Everything one admission decision reads, as the store holds it now."""
+    params = params or SnapshotParams()
+    now = as_utc(now or utcnow())
+    pools = effective_pools(session, params.local_gpus)
+    backends = sorted({p.pool.backend.value for p in pools})
+    return Snapshot(now=now.timestamp(), pools=[p.pool for p in pools], quotas=all_quotas(session),
+                    default_quota=undeclared_quota(p.pool for p in pools),
+                    running=running_jobs(session, pools, now), waiting=waiting_jobs(session, backends, now),
+                    usage=decayed_usage(session, now=now, half_life_s=params.usage_half_life_h * 3600),
+                    usage_blend=params.usage_blend, min_runtime_s=params.min_runtime_s)
+
+
+def undeclared_quota(pools: Iterable[Pool]) -> TeamQuota:
+    """The quota of a team with none declared: it owns nothing and may borrow whatever is free of every
+    kind (nominal 0, no borrowing limit), so an installation without quotas admits first come, first
+    served up to each pool's size, and declared teams take their nominal quota back from it."""
+    return TeamQuota(flavors={kind: FlavorQuota(nominal=0) for kind in sorted({p.gpu for p in pools})})
+
+
+def waiting_jobs(session: Session, backends: list[str], now: datetime) -> list[WaitingJob]:
+    """QUEUED jobs of the managed `backends` that hold no admission, by id."""
+    rows = session.execute(
+        select(Job.id, Team.name, Job.backend, Job.gpu, Job.gpus, Job.priority, Job.created_at, Job.predicted_s,
+               Job.lease_owner, Job.lease_expires_at)
+        .join(Team, Team.id == Job.team_id)
+        .where(Job.status == S.QUEUED, Job.pool.is_(None), Job.backend.in_(backends))
+        .order_by(Job.id))
+    out = []
+    for job_id, team, backend, gpu, gpus, priority, created, predicted, owner, lease in rows:
+        # A retry waiting out its backoff: no owner, a lease expiry in the future.
+        backoff = _ts(lease) if owner is None and lease is not None and as_utc(lease) > now else None
+        out.append(WaitingJob(id=job_id, team=team, backend=str(backend), gpu=gpu, gpus=max(1, gpus),
+                              priority=priority, submitted_at=as_utc(created).timestamp(), predicted_s=predicted,
+                              not_before=backoff))
+    return out
+
+
+def running_jobs(session: Session, pools: list[SourcedPool], now: datetime) -> list[RunningJob]:
+    """Jobs that hold GPUs of a pool in effect, by id. `remaining_s` is the prediction less the time
+    the current attempt has run (None without a prediction)."""
+    backends = sorted({p.pool.backend.value for p in pools})
+    names = {p.pool.name for p in pools}
+    rows = session.execute(
+        select(Job.id, Team.name, Job.backend, Job.pool, Job.gpu, Job.gpus, Job.priority, Job.status,
+               Job.admitted_at, Job.created_at, Job.predicted_s, Attempt.started_at)
+        .join(Team, Team.id == Job.team_id)
+        .outerjoin(Attempt, and_(Attempt.job_id == Job.id, Attempt.finished_at.is_(None),
+                                 Attempt.started_at.is_not(None)))
+        .where(Job.status.in_(HOLDING), Job.backend.in_(backends),
+               or_(Job.pool.is_not(None), Job.status != S.QUEUED))
+        .order_by(Job.id))
+    out: dict[int, RunningJob] = {}
+    for (job_id, team, backend, pool, gpu, gpus, priority, status, admitted, created, predicted,
+         started) in rows:
+        if pool is None:  # admitted before pools existed: the largest pool of its kind
+            fits = matching(pools, str(backend), gpu)
+            if not fits:
+                continue
+            pool = fits[0].name
+        elif pool not in names:  # its pool was deleted: it runs on, outside every pool's count
+            continue
+        started_ts = _ts(started)
+        remaining = None
+        if predicted is not None:
+            remaining = max(0.0, predicted - (now.timestamp() - started_ts if started_ts is not None else 0.0))
+        prev = out.get(job_id)
+        if prev is not None and (prev.started_at or 0) >= (started_ts or 0):
+            continue  # two open attempts (a requeue in flight): the latest start counts
+        out[job_id] = RunningJob(id=job_id, team=team, pool=pool, gpu=gpu, gpus=max(1, gpus), priority=priority,
+                                 admitted_at=_ts(admitted) or as_utc(created).timestamp(), started_at=started_ts,
+                                 remaining_s=remaining, preemptible=status != S.CANCELLING)
+    return list(out.values())
+
+
+__all__ = ["SnapshotParams", "build_snapshot", "running_jobs", "waiting_jobs"]

@@ -1,0 +1,51 @@
+"""Team quotas in the store (`PUT /v1/teams/{team}/quota`, SHARDCTL_POOLS_FILE's `teams:`).
+
+A team without a row has no quota declared: the engine treats it as owning nothing, so it runs
+only on what it may borrow (see `service.scheduling.model`).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.scheduling.model import TeamQuota
+from service.store.models import Team, TeamQuotaRow, utcnow
+from service.store.tokens import ensure_team
+
+
+def get_quota(session: Session, team: Team) -> TeamQuota | None:
+    row = session.get(TeamQuotaRow, team.id)
+    return None if row is None else row.quota
+
+
+def put_quota(session: Session, team: Team, quota: TeamQuota) -> bool:
+    """Create or replace the team's quota; True when it is new."""
+    row = session.get(TeamQuotaRow, team.id, with_for_update=True)
+    if row is None:
+        session.add(TeamQuotaRow(team_id=team.id, quota=quota, updated_at=utcnow()))
+        session.flush()
+        return True
+    row.quota, row.updated_at = quota, utcnow()
+    return False
+
+
+def all_quotas(session: Session) -> dict[str, TeamQuota]:
+    """Every declared quota by team name."""
+    rows = session.execute(select(Team.name, TeamQuotaRow.quota).join(Team, Team.id == TeamQuotaRow.team_id))
+    return {name: quota for name, quota in rows}
+
+
+def put_quotas_by_name(session: Session, quotas: dict[str, TeamQuota]) -> None:
+    """Write each team's quota (the pools file's `teams:`), creating the teams it names that do not exist."""
+    for name, quota in sorted(quotas.items()):
+        put_quota(session, ensure_team(session, name), quota)
+
+
+def max_priority(session: Session, team: Team) -> int | None:
+    """The highest priority the team's members may set; None when it has no quota declared (no limit)."""
+    quota = get_quota(session, team)
+    return None if quota is None else quota.max_priority
+
+
+__all__ = ["all_quotas", "get_quota", "max_priority", "put_quota", "put_quotas_by_name"]

@@ -1,0 +1,107 @@
+"""Pools through the API, and the checks a submission passes against them (issue 12)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.db_fixtures import Env
+from tests.specs import tiny
+
+
+def cpu_pool(env: Env, admin: dict[str, str], gpus: int = 2, name: str = "local") -> None:
+    r = env.client.put(f"/v1/pools/{name}", json={"backend": "local", "gpu": "cpu", "gpus": gpus}, headers=admin)
+    assert r.status_code in (200, 201), r.text
+
+
+def submit(env: Env, headers: dict[str, str], spec: dict[str, Any]) -> Any:
+    return env.client.post("/v1/jobs", json=spec, headers=headers)
+
+
+def test_the_embedded_default_is_this_machines_local_pool(env: Env, admin: dict[str, str]) -> None:
+    pools = env.client.get("/v1/pools", headers=admin).json()
+    local = [p for p in pools if p["backend"] == "local"]
+    assert local and all(p["source"] == "detected" for p in local)
+    assert any(p["name"] == "local" for p in local)
+    # the bundled demo (two cpu processes) fits whatever this machine has
+    assert submit(env, admin, tiny()).status_code == 201
+
+
+def test_an_admin_declares_replaces_and_removes_a_pool(env: Env, admin: dict[str, str]) -> None:
+    body = {"backend": "local", "gpu": "cpu", "gpus": 2}
+    assert env.client.put("/v1/pools/cpu-box", json=body, headers=admin).status_code == 201
+    assert env.client.put("/v1/pools/cpu-box", json={**body, "gpus": 1}, headers=admin).status_code == 200
+    got = env.client.get("/v1/pools/cpu-box", headers=admin).json()
+    assert got["gpus"] == 1 and got["source"] == "api" and got["in_use"] == 0
+    names = {p["name"]: p["source"] for p in env.client.get("/v1/pools", headers=admin).json()}
+    assert names == {"cpu-box": "api"}  # a declared local pool retires the detected one
+    member = env.headers(env.token("member", team="alpha"))
+    assert env.client.put("/v1/pools/other", json=body, headers=member).status_code == 403
+    assert env.client.get("/v1/pools/cpu-box", headers=member).status_code == 200
+    r = env.client.put("/v1/pools/cpu-box", json={**body, "name": "elsewhere"}, headers=admin)
+    assert r.status_code == 422 and r.json()["error"]["fields"][0]["loc"] == "name"
+    r = env.client.put("/v1/pools/cpu-box", json={**body, "gpus": 0}, headers=admin)
+    assert r.status_code == 422 and r.json()["error"]["fields"][0]["loc"] == "gpus"
+    assert env.client.delete("/v1/pools/cpu-box", headers=admin).status_code == 204
+    assert env.client.delete("/v1/pools/cpu-box", headers=admin).status_code == 404
+    assert env.client.get("/v1/pools/cpu-box", headers=admin).status_code == 404
+
+
+def test_a_gpu_kind_no_pool_has_is_refused_naming_the_pools(env: Env, admin: dict[str, str]) -> None:
+    cpu_pool(env, admin)
+    r = submit(env, admin, tiny(resources={"gpu": "H100-SXM-80GB", "gpus_per_node": 2}))
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["code"] == "invalid_spec"
+    assert error["fields"][0]["loc"] == "resources.gpu"
+    assert "H100-SXM-80GB" in error["message"] and "local (cpu x 2)" in error["message"]
+    assert env.client.get("/v1/jobs", headers=admin).json()["items"] == []  # nothing queued to run on CPU
+
+
+def test_more_gpus_than_the_largest_pool_is_refused_with_its_size(env: Env, admin: dict[str, str]) -> None:
+    cpu_pool(env, admin, gpus=2)
+    r = submit(env, admin, tiny(resources={"gpus_per_node": 2, "nodes": 2}))
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert "needs 4 cpu GPUs" in error["message"] and "local has 2" in error["message"]
+    assert error["details"]["pool_gpus"] == 2
+    assert submit(env, admin, tiny(resources={"gpus_per_node": 2, "nodes": 1})).status_code == 201
+
+
+def test_a_backend_without_pools_is_left_to_its_own_scheduler(env: Env, admin: dict[str, str]) -> None:
+    cpu_pool(env, admin)
+    r = submit(env, admin, tiny(backend={"kind": "slurm"}, resources={"gpu": "H100-SXM-80GB", "gpus_per_node": 2}))
+    assert r.status_code == 201, r.text
+    explained = env.client.get(f"/v1/jobs/{r.json()['id']}/explain", headers=admin).json()
+    assert explained["admitted"] is True and "no pool declared" in explained["note"]
+
+
+def test_priority_above_the_teams_limit_is_a_403_naming_it(env: Env, admin: dict[str, str]) -> None:
+    cpu_pool(env, admin)
+    member = env.headers(env.token("member", team="alpha"))
+    r = env.client.put("/v1/teams/alpha/quota", json={"max_priority": 10, "flavors": {"cpu": {"nominal": 1}}},
+                       headers=admin)
+    assert r.status_code == 200, r.text
+    r = submit(env, member, tiny(priority=50))
+    assert r.status_code == 403
+    assert "limit of 10" in r.json()["error"]["message"] and r.json()["error"]["details"]["max_priority"] == 10
+    assert submit(env, member, tiny(priority=10)).status_code == 201
+    assert submit(env, admin, tiny(team="alpha", priority=900)).status_code == 201  # admins set any
+
+
+def test_quotas_are_admin_written_and_members_read_their_own(env: Env, admin: dict[str, str]) -> None:
+    cpu_pool(env, admin)
+    env.token("member", team="beta")
+    alpha = env.headers(env.token("member", team="alpha"))
+    quota = {"weight": 2.0, "max_priority": 50, "flavors": {"cpu": {"nominal": 1, "borrowing_limit": 1}}}
+    assert env.client.put("/v1/teams/alpha/quota", json=quota, headers=alpha).status_code == 403
+    assert env.client.put("/v1/teams/alpha/quota", json=quota, headers=admin).status_code == 200
+    mine = env.client.get("/v1/teams/alpha/quota", headers=alpha).json()
+    assert mine["declared"] is True and mine["quota"]["flavors"]["cpu"]["nominal"] == 1
+    assert env.client.get("/v1/teams/beta/quota", headers=alpha).status_code == 404
+    assert env.client.get("/v1/teams/beta/quota", headers=admin).json()["declared"] is False
+    r = env.client.put("/v1/teams/alpha/quota", json={"flavors": {"H100-SXM-80GB": {"nominal": 8}}}, headers=admin)
+    assert r.status_code == 422 and r.json()["error"]["fields"][0]["loc"] == "flavors.H100-SXM-80GB"
+    assert "cpu" in r.json()["error"]["message"]
+    r = env.client.put("/v1/teams/alpha/quota", json={"flavors": {"cpu": {"nominal": -1}}}, headers=admin)
+    assert r.status_code == 422
+    assert env.client.put("/v1/teams/nobody/quota", json=quota, headers=admin).status_code == 404

@@ -1,0 +1,100 @@
+"""Admission in the dispatcher: which queued jobs are leased for submission this cycle.
+
+In one transaction (`lease`):
+
+1. **Held jobs** are leased first, as before admission existed: SUBMITTING jobs whose lease ran
+   out (a dispatcher died mid-submission), QUEUED jobs admitted in an earlier cycle but not yet
+   leased (`pool` set), and QUEUED jobs of a backend admission does not manage (no pool of it is
+   in effect: Slurm or Kubernetes without declared pools; their own scheduler queues them). They
+   keep their admission; highest priority first, then id.
+2. **Admission**: a `Snapshot` of the store (`service.scheduling.snapshot`) goes to
+   `service.scheduling.engine.admit`; each admitted job gets its `pool` and `admitted_at` written
+   (it holds its GPUs from now on), and as many as the batch has room for are leased, in the
+   engine's admission order. The same store gives the same decisions.
+
+Replicas: on PostgreSQL, admission runs under a transaction-scoped advisory lock
+(`pg_try_advisory_xact_lock`); a dispatcher that does not get it leases held jobs only this cycle,
+so two dispatchers never admit against the same free capacity. SQLite's `BEGIN IMMEDIATE`
+serialises every transaction already.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from types import ModuleType
+
+from sqlalchemy import and_, or_, select, text, update
+from sqlalchemy.orm import Session
+
+from service.scheduling.decisions import Decision
+from service.scheduling.snapshot import SnapshotParams, build_snapshot
+from service.store.models import Job
+from service.store.pools import effective_pools
+from service.store.vocab import JobStatus
+
+S = JobStatus
+#: the advisory lock key admission takes on PostgreSQL ("shardadm" as 8 bytes)
+ADMISSION_LOCK_KEY = int.from_bytes(b"shardadm", "big") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def engine_module() -> ModuleType | None:
+    """`service.scheduling.engine`, or None while it does not exist in this tree (then every queued
+    job is leased as before admission existed)."""
+    try:
+        return importlib.import_module("service.scheduling.engine")
+    except ModuleNotFoundError as exc:
+        if exc.name != "service.scheduling.engine":
+            raise
+        return None
+
+
+@dataclass
+class LeaseResult:
+    """The ids leased, in order (held first, then admitted in admission order), and the decision."""
+
+    ids: list[int] = field(default_factory=list)
+    decision: Decision | None = None
+
+
+def _try_lock(session: Session) -> bool:
+    if session.get_bind().dialect.name != "postgresql":
+        return True
+    return bool(session.execute(text("SELECT pg_try_advisory_xact_lock(:key)"), {"key": ADMISSION_LOCK_KEY}).scalar())
+
+
+def lease(session: Session, *, now: datetime, owner: str, lease_s: float, batch: int,
+          params: SnapshotParams) -> LeaseResult:
+    """Lease up to `batch` jobs in the caller's transaction (see the module's docstring)."""
+    postgres = session.get_bind().dialect.name == "postgresql"
+    engine = engine_module()
+    managed = sorted({p.pool.backend.value for p in effective_pools(session, params.local_gpus)})
+    expired = or_(Job.lease_expires_at.is_(None), Job.lease_expires_at < now)
+    holds = or_(Job.status == S.SUBMITTING, Job.pool.is_not(None))
+    if engine is not None and managed:
+        holds = or_(holds, Job.backend.not_in(managed))
+    else:  # nothing to admit: every queued job goes, as before admission
+        holds = or_(holds, Job.status == S.QUEUED)
+    stmt = (select(Job.id).where(Job.status.in_([S.QUEUED, S.SUBMITTING]), expired, holds)
+            .order_by(Job.priority.desc(), Job.id).limit(batch))
+    if postgres:
+        stmt = stmt.with_for_update(skip_locked=True)
+    result = LeaseResult(ids=list(session.scalars(stmt)))
+    if engine is not None and managed and _try_lock(session):
+        decision: Decision = engine.admit(build_snapshot(session, params, now=now))
+        result.decision = decision
+        for admission in decision.admitted:
+            written = session.execute(
+                update(Job).where(and_(Job.id == admission.job_id, Job.status == S.QUEUED, Job.pool.is_(None)))
+                .values(pool=admission.pool, admitted_at=now).execution_options(synchronize_session=False))
+            if getattr(written, "rowcount", 0) == 1 and len(result.ids) < batch:
+                result.ids.append(admission.job_id)
+    if result.ids:
+        session.execute(update(Job).where(Job.id.in_(result.ids)).values(
+            lease_owner=owner, lease_expires_at=now + timedelta(seconds=lease_s))
+            .execution_options(synchronize_session=False))
+    return result
+
+
+__all__ = ["ADMISSION_LOCK_KEY", "LeaseResult", "engine_module", "lease"]
