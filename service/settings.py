@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
+from typing import Literal
 
 import platformdirs
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.backend_options import BackendKind
@@ -66,6 +67,21 @@ class Settings(BaseSettings):
         " /metrics is open.")
     metrics_team_labels: bool = Field(False, description="Label /metrics series by team (names every team and"
                                       " its job counts to whoever may scrape); off: totals only.")
+    # Logs and the dispatcher's own metrics (docs/observability.md).
+    log_format: Literal["text", "json"] = Field(
+        "text", description="Process logs: 'text' (one readable line) or 'json' (one JSON object per line: ts,"
+        " level, logger, message, fields).")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field(
+        "INFO", description="The least severe level logged (case-insensitive).")
+    dispatcher_metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="When set, `shardctl worker` serves its own Prometheus metrics (queue"
+        " wait, attempts and failures, cycle time, deliveries) on this port; unset, it serves none.")
+    dispatcher_metrics_host: str = Field("127.0.0.1", description="Interface of the dispatcher's metrics port.")
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_level(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
 
     @cached_property
     def resolved_database_url(self) -> str:

@@ -27,6 +27,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from service.jobenv import JobEnv
+from service.observability import counters
 from service.planner.result import Plan
 from service.redaction import redact_strings
 from service.spec import TrainingSpec
@@ -147,11 +149,18 @@ class Dispatcher:
     # -- one cycle -------------------------------------------------------------------------------
 
     def run_once(self) -> CycleReport:
-        report = CycleReport()
-        for job_id in self.lease():
-            self.submit_one(job_id, report)
-        self.reconcile(report)
-        return report
+        started, ok = time.perf_counter(), False
+        try:
+            report = CycleReport()
+            for job_id in self.lease():
+                log.info("job %d leased by %s", job_id, self.config.owner,
+                         extra={"job_id": job_id, "decision": "leased", "owner": self.config.owner})
+                self.submit_one(job_id, report)
+            self.reconcile(report)
+            ok = True
+            return report
+        finally:  # shardctl_dispatcher_cycle_seconds (docs/observability.md)
+            counters.observe_cycle(time.perf_counter() - started, ok=ok)
 
     def run_forever(self, stop: threading.Event, interval_s: float = 1.0) -> None:
         while not stop.is_set():
@@ -254,6 +263,10 @@ class Dispatcher:
             report.adopted += 1
         else:
             report.submitted += 1
+        log.info("job %d %s as %s on %s (%s)", job_id, "adopted" if adopted else "submitted", req.name, job.backend,
+                 handle.backend_id, extra={"job_id": job_id, "decision": "adopted" if adopted else "submitted",
+                                           "attempt": req.job.attempt, "backend": str(job.backend),
+                                           "backend_id": handle.backend_id})
 
     def _release(self, job_id: int, why: str, report: CycleReport) -> None:
         """Keep the job SUBMITTING, let the lease run out after a backoff, and say why."""
@@ -264,6 +277,8 @@ class Dispatcher:
             add_event(session, job, actor=self.actor, kind=EventKind.BACKEND_UNREACHABLE, message=why)
             job.lease_owner = None
             job.lease_expires_at = utcnow() + timedelta(seconds=self.config.retry_backoff_s)
+        log.warning("job %d released, tried again in %.0f s: %s", job_id, self.config.retry_backoff_s, why,
+                    extra={"job_id": job_id, "decision": "released", "backoff_s": self.config.retry_backoff_s})
 
     # -- reconciliation ------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api import errors
+from service.api.access_log import AccessLog
 from service.api.analysis import AnalysisPool
 from service.api.deps import (
     BAD_TOKEN,
@@ -348,13 +349,14 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.state.planner = PlanRunner.from_settings(settings)
     app.state.engine = engine
     app.state.sessions = make_sessionmaker(engine)
-    app.state.metrics = make_metrics(app.state.sessions)
+    app.state.metrics = make_metrics(app.state.sessions, team_labels=settings.metrics_team_labels)
     app.state.launch_preview = launch_preview
     app.state.configured_backends = frozenset(configured_backends) if configured_backends is not None else None
     errors.install(app)
     for module in (health, plans, jobs, profiles, teams, tokens):
         app.include_router(module.router)
     app.add_middleware(RequestGate, api=app)
+    app.add_middleware(AccessLog, route_key=ROUTE_SCOPE_KEY)  # outermost: it logs what the gate refuses too
 
     generate = app.openapi
 

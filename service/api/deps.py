@@ -18,7 +18,7 @@ from service.store.tokens import Principal, authenticate
 
 bearer = HTTPBearer(auto_error=False, description="A shardctl token: shc_<id>_<secret>.")
 
-#: Where the request gate leaves the principal it authenticated before reading a body.
+#: Where the request gate (before reading a body) or `get_principal` leaves the principal it authenticated.
 PRINCIPAL_SCOPE_KEY = "shardctl.principal"
 UNAUTHORIZED_HEADERS = {"WWW-Authenticate": "Bearer"}
 MISSING_TOKEN = "missing bearer token: send 'Authorization: Bearer shc_...'"
@@ -52,6 +52,7 @@ def get_principal(request: Request, db: Db,
                                  job_token_grace_s=request.app.state.settings.job_token_grace_s)
     if principal is None:
         raise ApiError(401, "unauthorized", BAD_TOKEN, headers=UNAUTHORIZED_HEADERS)
+    request.scope[PRINCIPAL_SCOPE_KEY] = principal  # for the access log (`service.api.access_log`)
     return principal
 
 

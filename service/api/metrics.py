@@ -1,4 +1,6 @@
-"""Prometheus metrics: jobs by status and team (read at scrape time), submissions, request latency.
+"""Prometheus metrics: jobs by status and team and the queue lag (read at scrape time), submissions,
+request latency, and the job, dispatcher and delivery metrics of `service.observability.counters`
+(docs/observability.md lists them all).
 
 What a scrape shows (`exposition`) and who may scrape (`authorize_scrape`) follow the settings: with
 `metrics_team_labels` off (the default) every series is summed over its `team` label, so a scrape
@@ -10,20 +12,26 @@ from __future__ import annotations
 import hmac
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.api.errors import ApiError
+from service.observability import counters
+from service.observability import exposition as shown
+from service.observability.exposition import TEAM_LABEL, WithoutTeams
 from service.settings import Settings
 from service.store.jobs import count_by_status_and_team
+from service.store.models import Job, Team, as_utc, utcnow
 from service.store.tokens import authenticate
-from service.store.vocab import Role
+from service.store.vocab import JobStatus, Role
 
-TEAM_LABEL = "team"
+__all__ = ["TEAM_LABEL", "JobsCollector", "Metrics", "QueueLagCollector", "WithoutTeams", "authorize_scrape",
+           "exposition", "make_metrics"]
 
 
 class JobsCollector(Collector):
@@ -38,30 +46,42 @@ class JobsCollector(Collector):
         yield family
 
 
-class WithoutTeams(Collector):
-    """The metrics of `source` with the `team` label summed away (a `_created` sample keeps the earliest)."""
+class QueueLagCollector(Collector):
+    """`shardctl_queue_lag_seconds`: how long the longest-waiting job that a dispatcher could lease now
+    (QUEUED, or SUBMITTING with an expired lease) has waited, since it was queued or its retry backoff
+    ended; 0 when none waits. One series per team with `team_labels` (a team with none waiting has
+    none), else the maximum over teams. Read from the database at scrape time with one aggregate, so it
+    keeps growing while no dispatcher runs."""
 
-    def __init__(self, source: CollectorRegistry) -> None:
-        self.source = source
+    def __init__(self, sessions: sessionmaker[Session], *, team_labels: bool) -> None:
+        self.sessions, self.team_labels = sessions, team_labels
 
-    def collect(self) -> Iterator[Metric]:
-        for metric in self.source.collect():
-            if not any(TEAM_LABEL in sample.labels for sample in metric.samples):
-                yield metric
-                continue
-            merged: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-            for sample in metric.samples:
-                key = (sample.name, tuple(sorted((k, v) for k, v in sample.labels.items() if k != TEAM_LABEL)))
-                if key not in merged:
-                    merged[key] = sample.value
-                elif sample.name.endswith("_created"):
-                    merged[key] = min(merged[key], sample.value)
-                else:
-                    merged[key] += sample.value
-            out = Metric(metric.name, metric.documentation, metric.type, metric.unit)
-            for (name, labels), value in merged.items():
-                out.add_sample(name, dict(labels), value)
-            yield out
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        now = utcnow()
+        since = func.min(func.coalesce(Job.lease_expires_at, Job.updated_at))
+        waiting = (Job.status.in_([JobStatus.QUEUED, JobStatus.SUBMITTING]),
+                   or_(Job.lease_expires_at.is_(None), Job.lease_expires_at < now))
+        help_text = "Age of the oldest job waiting to be leased (0: none waits)."
+        with self.sessions.begin() as session:
+            if self.team_labels:
+                rows = session.execute(select(Team.name, since).join(Team, Team.id == Job.team_id)
+                                       .where(*waiting).group_by(Team.name)).all()
+            else:
+                oldest = session.scalar(select(since).where(*waiting))
+        if self.team_labels:
+            family = GaugeMetricFamily("shardctl_queue_lag_seconds", help_text, labels=[TEAM_LABEL])
+            for team, at in rows:
+                family.add_metric([team], _age(now, at))
+        else:
+            family = GaugeMetricFamily("shardctl_queue_lag_seconds", help_text,
+                                       value=0.0 if oldest is None else _age(now, oldest))
+        yield family
+
+
+def _age(now: datetime, value: object) -> float:
+    """Seconds from `value` (an aggregate's timestamp: a datetime, or SQLite's stored text) to `now`."""
+    at = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+    return max(0.0, (now - as_utc(at)).total_seconds())
 
 
 @dataclass
@@ -71,9 +91,14 @@ class Metrics:
     latency: Histogram
 
 
-def make_metrics(sessions: sessionmaker[Session]) -> Metrics:
+def make_metrics(sessions: sessionmaker[Session], *, team_labels: bool = False) -> Metrics:
+    """The API's registry: jobs by status and the queue lag (read at scrape time), submissions and request
+    latency (this process), and the job, dispatcher and delivery metrics this process counted
+    (`service.observability.counters`: all of them when the dispatcher runs in this process)."""
     registry = CollectorRegistry()
     registry.register(JobsCollector(sessions))
+    registry.register(QueueLagCollector(sessions, team_labels=team_labels))
+    registry.register(counters.REGISTRY)
     return Metrics(
         registry=registry,
         submissions=Counter("shardctl_job_submissions", "Jobs created through the API.", ["team"],
@@ -86,11 +111,7 @@ def make_metrics(sessions: sessionmaker[Session]) -> Metrics:
 
 def exposition(metrics: Metrics, *, team_labels: bool) -> bytes:
     """The text a scrape returns: every series as is with `team_labels`, else summed over teams."""
-    if team_labels:
-        return generate_latest(metrics.registry)
-    view = CollectorRegistry(auto_describe=False)
-    view.register(WithoutTeams(metrics.registry))
-    return generate_latest(view)
+    return shown.exposition(metrics.registry, team_labels=team_labels)
 
 
 def authorize_scrape(settings: Settings, sessions: sessionmaker[Session], bearer: str | None) -> None:

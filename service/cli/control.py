@@ -15,6 +15,7 @@ import pydantic
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from service.cli import wiring
 from service.cli.client import Api, CliError, api_url, error_from_response, write_config
@@ -29,6 +30,9 @@ from service.cli.render import (
     spec_error_message,
     unreadable_message,
 )
+from service.observability import counters
+from service.observability.exposition import serve_metrics
+from service.observability.logs import configure_logging
 from service.planner import InvalidSpec
 from service.settings import Settings
 from service.spec import load_spec
@@ -76,6 +80,15 @@ def out_json(data: Any) -> None:
     console.out(json.dumps(data, indent=2, default=str))
 
 
+def announce(settings: Settings, markup: str) -> None:
+    """A line for whoever runs the server: on stderr as it is with text logs; with JSON logs, as a log
+    line (`shardctl.cli`), so that every line on stderr parses."""
+    if settings.log_format == "json":
+        logging.getLogger("shardctl.cli").info(Text.from_markup(markup).plain)
+    else:
+        err.print(markup, soft_wrap=True, highlight=False)
+
+
 def serve(host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
           port: Annotated[int, typer.Option(help="TCP port.")] = 8686,
           with_dispatcher: Annotated[bool, typer.Option(
@@ -86,6 +99,7 @@ def serve(host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0
     import uvicorn
 
     settings = Settings()
+    configure_logging(settings.log_format, settings.log_level)
     sessions = wiring.open_store(settings)
     url = f"http://{host}:{port}"
     if wiring.needs_first_admin(sessions):
@@ -93,11 +107,9 @@ def serve(host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0
         # journals and log collectors that other people read.
         secret = wiring.bootstrap_admin(sessions, "first admin (serve)")
         path = write_config(url=url, token=secret)
-        err.print(f"[bold]First start: an admin token was created and saved to {path}[/] (mode 0600; the"
-                  " CLI of this user on this machine uses it; read its \"token\" field to use it elsewhere)",
-                  soft_wrap=True, highlight=False)
-    err.print(f"shardctl API on {url} (database: {settings.resolved_database_url.split('@')[-1]})",
-              soft_wrap=True, highlight=False)
+        announce(settings, f"[bold]First start: an admin token was created and saved to {path}[/] (mode 0600;"
+                 " the CLI of this user on this machine uses it; read its \"token\" field to use it elsewhere)")
+    announce(settings, f"shardctl API on {url} (database: {settings.resolved_database_url.split('@')[-1]})")
     backends = wiring.make_backends(settings)
     stop = threading.Event()
     if with_dispatcher:
@@ -105,10 +117,11 @@ def serve(host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0
         thread = threading.Thread(target=dispatcher.run_forever, args=(stop, settings.dispatcher_interval_s),
                                   daemon=True, name="dispatcher")
         thread.start()
-        err.print(f"dispatcher running in this process (backends: {', '.join(sorted(backends))})")
+        announce(settings, f"dispatcher running in this process (backends: {', '.join(sorted(backends))})")
     try:
+        # Our access log (service.api.access_log) replaces uvicorn's; uvicorn's own lines go through ours.
         uvicorn.run(wiring.make_app(settings, sessions, backends, public_url=url), host=host, port=port,
-                    log_level="warning")
+                    log_level="warning", log_config=None, access_log=False)
     finally:
         stop.set()
 
@@ -118,8 +131,8 @@ def worker(once: Annotated[bool, typer.Option("--once", help="Run one cycle and 
     replicas against PostgreSQL."""
     import signal as signals
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = Settings()
+    configure_logging(settings.log_format, settings.log_level)
     dispatcher = wiring.make_dispatcher(settings, wiring.open_store(settings), wiring.make_backends(settings))
     if once:
         report = dispatcher.run_once()
@@ -128,8 +141,12 @@ def worker(once: Annotated[bool, typer.Option("--once", help="Run one cycle and 
         return
     stop = threading.Event()
     signals.signal(signals.SIGTERM, lambda *_: stop.set())
-    err.print(f"dispatcher {dispatcher.config.owner} on {settings.resolved_database_url.split('@')[-1]}",
-              soft_wrap=True, highlight=False)
+    announce(settings, f"dispatcher {dispatcher.config.owner} on {settings.resolved_database_url.split('@')[-1]}")
+    if settings.dispatcher_metrics_port is not None:
+        server = serve_metrics(counters.REGISTRY, host=settings.dispatcher_metrics_host,
+                               port=settings.dispatcher_metrics_port, team_labels=settings.metrics_team_labels)
+        announce(settings, f"dispatcher metrics on http://{settings.dispatcher_metrics_host}:{server.server_port}"
+                 "/metrics")
     try:
         dispatcher.run_forever(stop, settings.dispatcher_interval_s)
     except KeyboardInterrupt:

@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from service.observability.transitions import record_transition
 from service.store.models import Event, Job, utcnow
 from service.store.vocab import EventKind, JobStatus
 
@@ -50,7 +51,8 @@ def add_event(session: Session, job: Job, *, actor: str, kind: str, message: str
 
 def transition(session: Session, job: Job, to: JobStatus, *, actor: str, message: str = "",
                data: dict[str, Any] | None = None) -> Event:
-    """Move `job` to `to` and append a `job.<status>` event; raise `IllegalTransition` otherwise."""
+    """Move `job` to `to` and append a `job.<status>` event; raise `IllegalTransition` otherwise. Once the
+    transaction commits, the move is logged (`shardctl.jobs`: job_id, from, to, actor) and counted."""
     current = job.status
     if to not in ALLOWED[current]:
         raise IllegalTransition(job.id, current, to)
@@ -59,5 +61,7 @@ def transition(session: Session, job: Job, to: JobStatus, *, actor: str, message
     job.updated_at = now
     if to in TERMINAL:
         job.finished_at = now
+    # One log line and the job metrics, when this transaction commits (service.observability.transitions).
+    record_transition(session, job, current, actor=actor, message=message, data=data or {})
     return add_event(session, job, actor=actor, kind=EventKind.status(to), message=message,
                      data={"from": current.value, "to": to.value, **(data or {})})
