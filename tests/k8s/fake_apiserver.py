@@ -17,8 +17,8 @@ What it serves (HTTP/1.0, JSON, no auth):
 
 No controllers run. Tests script the world through the Python API: `make_pods` (what the JobSet/Job/
 Kubeflow controllers would create from the stored template), `set_pod`, `set_condition`,
-`set_status`, `set_log`, `go_down`/`come_back` (connection refused), `fail_status`/`fail_paths` (scripted error
-answers), and read `requests`.
+`set_status`, `set_log`/`append_log` (timestamped pod log lines), `go_down`/`come_back` (connection
+refused), `fail_status`/`fail_paths` (scripted error answers), and read `requests`.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ class FakeApiServer:
         for res in [*CORE, BATCH] + ([JOBSET] if jobset else []) + ([PYTORCHJOB] if pytorchjob else []):
             self.resources[(res.group, res.version, res.plural)] = res
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}  # (plural, ns, name) -> object
-        self.logs: dict[tuple[str, str], str] = {}
+        self.logs: dict[tuple[str, str], list[tuple[datetime, str]]] = {}  # (ns, pod) -> timestamped lines
         self.requests: list[tuple[str, str, dict[str, list[str]]]] = []
         self.deletions: list[tuple[str, str, str, str | None]] = []  # plural, ns, name, propagationPolicy
         self.hold_foreground = hold_foreground
@@ -371,9 +371,45 @@ class FakeApiServer:
                               "lastTransitionTime": unschedulable_since})
         self._update("pods", ns, name, apply)
 
-    def set_log(self, ns: str, pod: str, text: str) -> None:
+    def set_log(self, ns: str, pod: str, text: str, at: datetime | None = None) -> None:
+        """Replace the pod's log with the lines of `text`, all written at `at` (default: now)."""
         with self._lock:
-            self.logs[(ns, pod)] = text
+            self.logs[(ns, pod)] = []
+        self.append_log(ns, pod, text, at)
+
+    def append_log(self, ns: str, pod: str, text: str, at: datetime | None = None) -> None:
+        """Add the lines of `text` to the pod's log (a container writing them), each stamped `at`
+        (default: now), as the kubelet stamps each line it reads."""
+        when = at or datetime.now(UTC)
+        with self._lock:
+            self.logs.setdefault((ns, pod), []).extend((when, line) for line in text.splitlines())
+
+    def log_text(self, ns: str, pod: str, query: dict[str, list[str]]) -> str:
+        """The pod log as the API server answers `GET .../log` with `query`: `timestamps` (RFC 3339 with
+        nanoseconds before each line), `sinceTime` (RFC 3339, whole seconds: lines at or after it),
+        `tailLines`, `limitBytes` (the answer cut at that many bytes, mid-line if need be)."""
+        def first(key: str) -> str | None:
+            return (query.get(key) or [None])[0]
+
+        with self._lock:
+            lines = list(self.logs.get((ns, pod), []))
+        since = first("sinceTime")
+        if since is not None:
+            try:
+                cutoff = datetime.strptime(since, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+            except ValueError as exc:
+                raise ApiError(400, "BadRequest", f"sinceTime {since!r} is not RFC 3339 (seconds)") from exc
+            lines = [(t, x) for t, x in lines if t >= cutoff]
+        tail = first("tailLines")
+        if tail is not None:
+            lines = lines[-int(tail):] if int(tail) > 0 else []
+        stamped = first("timestamps") == "true"
+        text = "".join((t.strftime("%Y-%m-%dT%H:%M:%S.%f") + "000Z " if stamped else "") + x + "\n"
+                       for t, x in lines)
+        limit = first("limitBytes")
+        if limit is not None:
+            text = text.encode()[:int(limit)].decode(errors="ignore")
+        return text
 
     # -- storage -------------------------------------------------------------------------------
     def _store(self, plural: str, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
@@ -579,7 +615,7 @@ class _Handler(BaseHTTPRequestHandler):
             names = [c["name"] for c in pod["spec"]["containers"]]
             if container is not None and container not in names:
                 raise ApiError(400, "BadRequest", f"container {container} is not valid for pod {name}")
-            return self._send(200, fake.logs.get((ns, name), ""), "text/plain")
+            return self._send(200, fake.log_text(ns, name, query), "text/plain")
         if method == "POST" and name is None:
             body = self._body()
             if not isinstance(body, dict):

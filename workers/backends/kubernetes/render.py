@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from service.backend_options import KubernetesOptions
 from service.jobenv import PLAN
 from service.redaction import REDACTED, is_secret_env
-from workers.backends.base import LaunchRequest, SubmissionRefused, torchrun_command
+from workers.backends.base import LOG_ENV, LaunchRequest, SubmissionRefused, torchrun_command
 from workers.backends.kubernetes.naming import (
     ANNOTATION_TEAM,
     COMPLETION_INDEX,
@@ -51,6 +51,9 @@ CONTAINER = "trainer"
 PYTORCH_CONTAINER = "pytorch"  # the Kubeflow operator finds its container by this name
 PLAN_KEY = "plan.json"
 OUT_DIR = "/var/run/shardctl/out"
+#: Where torchrun keeps its per-rank copies of what it tees to the pod's log (container-local scratch;
+#: the pod log, read through the API, is what `logs.py` reads, with each line's rank prefix).
+TORCHRUN_LOG_DIR = "/tmp/torchrun"
 NODE_RANK_ENV = "SHARDCTL_NODE_RANK"
 
 DEFAULT_NCCL_ENV: dict[str, str] = {
@@ -120,7 +123,8 @@ def _env(req: LaunchRequest, options: RenderOptions, name: str, kind: ObjectKind
     env.append({"name": PLAN, "valueFrom": {"configMapKeyRef": {"name": name, "key": PLAN_KEY}}})
     for key in sorted(k for k in variables if is_secret_env(k)):
         env.append({"name": key, "valueFrom": {"secretKeyRef": {"name": name, "key": key}}})
-    plain = {**options.nccl_env, **{k: v for k, v in variables.items() if k != PLAN and not is_secret_env(k)}}
+    plain = {**options.nccl_env, **LOG_ENV,
+             **{k: v for k, v in variables.items() if k != PLAN and not is_secret_env(k)}}
     env.extend({"name": key, "value": _escape(plain[key])} for key in sorted(plain))
     return env
 
@@ -130,7 +134,7 @@ def _pod_template(req: LaunchRequest, options: RenderOptions, name: str, kind: O
     k8s = kubernetes_options(req)
     node_rank = "$(PET_NODE_RANK)" if kind == "pytorchjob" else f"$({NODE_RANK_ENV})"
     escaped = req.model_copy(update={"command": [_escape(part) for part in req.command]})
-    command = torchrun_command(escaped, rdzv_endpoint=rdzv_endpoint, node_rank=node_rank)
+    command = torchrun_command(escaped, rdzv_endpoint=rdzv_endpoint, node_rank=node_rank, log_dir=TORCHRUN_LOG_DIR)
     container: dict[str, Any] = {
         "name": PYTORCH_CONTAINER if kind == "pytorchjob" else CONTAINER,
         "image": image_for(req, options),

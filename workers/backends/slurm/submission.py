@@ -26,7 +26,7 @@ from submitit.slurm.slurm import _make_sbatch_string
 
 from service.backend_options import SlurmOptions, sbatch_flag, time_limit_minutes
 from service.redaction import is_secret_env
-from workers.backends.base import LaunchRequest, SubmissionRefused, torchrun_command
+from workers.backends.base import LOG_ENV, LaunchRequest, SubmissionRefused, torchrun_command
 from workers.backends.slurm.launcher import FIRST_HOST, NodeLaunch
 
 
@@ -122,9 +122,10 @@ def build_submission(req: LaunchRequest, folder: Path, defaults: SubmissionDefau
     opts = slurm_options(req)
     params = parameters(req, opts, folder, defaults)
     port = rdzv_port(folder)
-    environ = req.environment(out_dir=str(folder / "out"))
+    environ = {**LOG_ENV, **req.environment(out_dir=str(folder / "out"))}
     secret = {k for k in environ if is_secret_env(k)}  # the job token included: its name says so
-    launch = NodeLaunch(command=torchrun_command(req, rdzv_endpoint=f"{FIRST_HOST}:{port}"), rdzv_port=port,
+    launch = NodeLaunch(command=torchrun_command(req, rdzv_endpoint=f"{FIRST_HOST}:{port}",
+                                                 log_dir=str(folder / "ranks")), rdzv_port=port,
                         time_limit_min=int(params["time"]), bindir=str(Path(defaults.python).parent),
                         env={k: v for k, v in environ.items() if k not in secret},
                         secrets={k: SecretStr(v) for k, v in environ.items() if k in secret})
