@@ -114,6 +114,20 @@ class _Cycle:
     running_by_pool: dict[str, list[RunningJob]] = field(default_factory=dict)
     victims: set[int] = field(default_factory=set)
     start_borrow: dict[tuple[str, str], int] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
+    team_vals: dict[str, dict[str, float]] = field(default_factory=dict)
+    past_kinds: dict[str, set[str]] = field(default_factory=dict)
+    ever: dict[tuple[str, str], int] = field(default_factory=dict)
+    victim_lists: dict[str, list[tuple[RunningJob, str, int]]] = field(default_factory=dict)
+    preempting: set[str] = field(default_factory=set)
+    preempt_memo: dict[tuple[str, str, int, int], int] = field(default_factory=dict)
+    place_memo: dict[tuple[object, ...], tuple[int, list[_Blocked]]] = field(default_factory=dict)
+    big_enough: dict[tuple[tuple[str, str, str | None], int], list[str]] = field(default_factory=dict)
+    has_lower: bool = False
+    share_cache: dict[str, float] = field(default_factory=dict)
+    reclaimable: dict[str, int] = field(default_factory=dict)
+    own_lists: dict[str, dict[str, list[tuple[RunningJob, str, int]]]] = field(default_factory=dict)
+    version: int = 0
 
     def __post_init__(self) -> None:
         s = self.s
@@ -183,6 +197,8 @@ class _Cycle:
             for k, v in team_usage.items():
                 if totals.get(k, 0.0) > 0:
                     self.past[(team, k)] = max(0.0, v) / totals[k]
+                    self.past_kinds.setdefault(team, set()).add(k)
+        self.has_lower = any(p.preemption == PreemptionPolicy.LOWER_PRIORITY for p in s.pools)
 
     # -- lookups ---------------------------------------------------------------------------------
     def quota(self, team: str, kind: str) -> _Quota:
@@ -197,30 +213,45 @@ class _Cycle:
             self.candidates[key] = found
         return found
 
-    def share(self, team: str, kind: str, extra: int) -> float:
-        """The team's fair share with `extra` more GPUs of `kind` (Kueue's DRS, cost-weighted, blended)."""
-        quota_team = self.s.quotas.get(team) or self.s.default_quota
-        weight = quota_team.weight if quota_team is not None else 1.0
-        if weight <= 0:
-            return INF
+    def weight(self, team: str) -> float:
+        w = self.weights.get(team)
+        if w is None:
+            tq = self.s.quotas.get(team) or self.s.default_quota
+            w = self.weights[team] = tq.weight if tq is not None else 1.0
+        return w
+
+    def _value(self, team: str, kind: str, u: int) -> float:
+        borrowed = u - self.quota(team, kind).nominal
+        total = self.lend_total.get(kind, 0)
+        now_part = borrowed / total if borrowed > 0 and total > 0 else 0.0
         blend = self.s.usage_blend
-        best = 0.0
-        for k in self.cost:
-            u = self.usage.get((team, k), 0) + (extra if k == kind else 0)
-            if u == 0 and (team, k) not in self.past:
-                continue
-            borrowed = max(0, u - self.quota(team, k).nominal)
-            total = self.lend_total.get(k, 0)
-            now_part = borrowed / total if total > 0 else 0.0
-            value = self.cost[k] * ((1 - blend) * now_part + blend * self.past.get((team, k), 0.0))
-            best = max(best, value)
-        return best / weight
+        return self.cost[kind] * ((1 - blend) * now_part + blend * self.past.get((team, kind), 0.0))
+
+    def share(self, team: str, kind: str, extra: int) -> float:
+        """The team's fair share with `extra` more GPUs of `kind`: Kueue's dominant-resource share, each
+        kind's value weighted by its cost and blended with past usage, over the team's weight."""
+        w = self.weight(team)
+        if w <= 0:
+            return INF
+        vals = self.team_vals.get(team)
+        if vals is None:
+            kinds = {k for (tm, k) in self.usage if tm == team} | self.past_kinds.get(team, set())
+            vals = self.team_vals[team] = {k: self._value(team, k, self.usage.get((team, k), 0)) for k in kinds}
+        best = self._value(team, kind, self.usage.get((team, kind), 0) + extra)
+        for k, v in vals.items():
+            if v > best and k != kind:
+                best = v
+        return best / w
 
     def ever_limit(self, team: str, kind: str) -> int:
         """The most GPUs of `kind` the team could hold with every other team idle."""
-        q = self.quota(team, kind)
-        others = self.lend_total.get(kind, 0) - q.lend
-        return q.nominal + int(min(q.borrow, max(0, others)))
+        key = (team, kind)
+        got = self.ever.get(key)
+        if got is None:
+            q = self.quota(team, kind)
+            others = self.lend_total.get(kind, 0) - q.lend
+            got = self.ever[key] = q.nominal + int(min(q.borrow, max(0, others)))
+        return got
 
     # -- fit checks ------------------------------------------------------------------------------
     def quota_block(self, j: WaitingJob, own_freed: int = 0, lend_extra: int = 0,
@@ -228,7 +259,7 @@ class _Cycle:
         """None when the team's quota admits `j` now (after `own_freed` of its GPUs go, and with
         `lend_extra` more lendable), else why not."""
         key = (j.team, j.gpu)
-        q = self.quota(j.team, j.gpu)
+        q = self.quotas.get(key, _NO_QUOTA)
         u = self.usage.get(key, 0) - own_freed + (0 if ignore_res else self.team_res.get(key, 0))
         g = j.gpus
         if u + g <= q.nominal:
@@ -238,8 +269,7 @@ class _Cycle:
             return _Blocked(ReasonCode.QUOTA_EXCEEDED, int(max(0, limit_total - u)), int(limit_total),
                             "borrowing limit")
         base = self.free_lend[j.gpu] + lend_extra - (0 if ignore_res else self.lend_res[j.gpu])
-        after = base - q.contrib(u) + q.contrib(u + g)
-        if after >= 0:
+        if base - q.contrib(u) + q.contrib(u + g) >= 0:
             return None
         room = max(0, q.nominal - u) + max(0, base - max(0, min(q.lend, q.nominal - u)))
         avail = int(min(room, max(0, limit_total - u)))
@@ -256,6 +286,19 @@ class _Cycle:
                 best = (room, n)
         return best[1] if best else None
 
+    def may_preempt(self, names: list[str]) -> bool:
+        """Whether any of these pools allows preemption and has not preempted in this cycle yet."""
+        return any(self.pools[n].preemption != PreemptionPolicy.NEVER and n not in self.preempting for n in names)
+
+    def roomiest(self, names: list[str]) -> str:
+        """The pool with the most unreserved free GPUs, ties by name (`names` is sorted)."""
+        best, best_room = names[0], self.free[names[0]] - self.reserved[names[0]]
+        for n in names[1:]:
+            room = self.free[n] - self.reserved[n]
+            if room > best_room:
+                best, best_room = n, room
+        return best
+
     def admit(self, j: WaitingJob, pool: str) -> int:
         key = (j.team, j.gpu)
         q = self.quota(j.team, j.gpu)
@@ -263,36 +306,61 @@ class _Cycle:
         self.free[pool] -= j.gpus
         self.free_lend[j.gpu] += q.contrib(u + j.gpus) - q.contrib(u)
         self.usage[key] = u + j.gpus
+        vals = self.team_vals.get(j.team)
+        if vals is not None:
+            vals[j.gpu] = self._value(j.team, j.gpu, u + j.gpus)
+        self.share_cache.pop(j.team, None)
+        self.version += 1
         return max(0, u + j.gpus - q.nominal) - max(0, u - q.nominal)
 
     def reserve(self, j: WaitingJob, names: list[str], quota_blocked: bool, capacity_blocked: bool) -> None:
         """Hold what `j` waits for so that later jobs cannot take it (the no-starvation rule)."""
         g = j.gpus
         if capacity_blocked and names:
-            pool = max(names, key=lambda n: (self.free[n] - self.reserved[n], [-ord(c) for c in n]))
-            self.reserved[pool] += min(g, max(0, self.free[pool] - self.reserved[pool]))
+            pool = self.roomiest(names)
+            take = min(g, max(0, self.free[pool] - self.reserved[pool]))
+            if take:
+                self.reserved[pool] += take
+                self.version += 1
         if quota_blocked:
             key = (j.team, j.gpu)
             q = self.quota(j.team, j.gpu)
             u = self.usage.get(key, 0) + self.team_res.get(key, 0)
             if q.borrow != INF:
-                self.team_res[key] = self.team_res.get(key, 0) + int(min(g, max(0, q.nominal + q.borrow - u)))
+                take = int(min(g, max(0, q.nominal + q.borrow - u)))
+                if take:
+                    self.team_res[key] = self.team_res.get(key, 0) + take
+                    self.version += 1
             need_borrow = max(0, u + g - q.nominal) - max(0, u - q.nominal)
-            spare = self.free_lend[j.gpu] - self.lend_res[j.gpu]
-            self.lend_res[j.gpu] += min(need_borrow, max(0, spare))
+            take = min(need_borrow, max(0, self.free_lend[j.gpu] - self.lend_res[j.gpu]))
+            if take:
+                self.lend_res[j.gpu] += take
+                self.version += 1
 
     # -- preemption ------------------------------------------------------------------------------
-    def _age(self, r: RunningJob) -> float:
-        return self.s.now - (r.started_at if r.started_at is not None else r.admitted_at)
-
-    def _lost(self, r: RunningJob) -> float:
-        if r.started_at is None:
-            return 0.0
-        return max(0.0, self.s.now - max(r.started_at, r.checkpoint_at or r.started_at))
-
     def _group(self, team: str) -> str:
         q = self.s.quotas.get(team)
         return q.group if q is not None and q.group else f"team:{team}"
+
+    def _candidates(self, pool: str) -> list[tuple[RunningJob, str, int]]:
+        """The pool's running jobs that may ever be preempted this cycle (preemptible, at least
+        `min_runtime_s` old), in victim order: least work lost since the last checkpoint, biggest
+        borrower (its team's GPUs above nominal at the start of the cycle), lowest priority, newest id.
+        Each with its group and its team's borrowed GPUs."""
+        got = self.victim_lists.get(pool)
+        if got is None:
+            now, min_rt = self.s.now, self.s.min_runtime_s
+            rows = []
+            for r in self.running_by_pool[pool]:
+                begun = r.started_at if r.started_at is not None else r.admitted_at
+                if not r.preemptible or now - begun < min_rt:
+                    continue
+                lost = 0.0 if r.started_at is None else max(0.0, now - max(r.started_at, r.checkpoint_at or 0.0))
+                borrow = self.start_borrow.get((r.team, r.gpu), 0)
+                rows.append(((lost, -borrow, r.priority, -r.id), r, self._group(r.team), borrow))
+            rows.sort(key=lambda row: row[0])
+            got = self.victim_lists[pool] = [(r, g, b) for _, r, g, b in rows]
+        return got
 
     def try_preempt(self, j: WaitingJob, names: list[str]) -> tuple[str, list[RunningJob], str] | None:
         """Victims that make `j` fit in one of `names`, or None (then nothing is preempted).
@@ -300,84 +368,134 @@ class _Cycle:
         Rules: a team that stays within its nominal quota with `j` reclaims from jobs of teams that
         borrow this GPU kind (pools with policy reclaim or lower_priority); in lower_priority pools a
         job also preempts its own team's lower-priority jobs. Never a job younger than
-        `min_runtime_s`, one already being preempted or cancelled, or one chosen for another job.
+        `min_runtime_s`, one already being preempted or cancelled, or one chosen for another job; at
+        most one job preempts per pool per cycle (victims are chosen against a settled state).
         Order: borrowers outside the preemptor's group first (lending stays inside the group first),
         then least work lost since the last checkpoint, biggest borrower, lowest priority, newest id.
         Greedy until `j` fits in capacity and quota, then every victim not needed is dropped."""
         q = self.quota(j.team, j.gpu)
         u = self.usage.get((j.team, j.gpu), 0)
-        within_nominal = u + j.gpus <= q.nominal
+        within_nominal = u + self.team_res.get((j.team, j.gpu), 0) + j.gpus <= q.nominal
+        if not within_nominal and not any(self.pools[n].preemption == PreemptionPolicy.LOWER_PRIORITY
+                                          for n in names):
+            return None
         group = self._group(j.team)
-        min_rt = self.s.min_runtime_s
         for name in sorted(names, key=lambda n: (-(self.free[n] - self.reserved[n]), n)):
             pool = self.pools[name]
-            if pool.preemption == PreemptionPolicy.NEVER or pool.gpus < j.gpus:
+            if pool.preemption == PreemptionPolicy.NEVER or name in self.preempting:
                 continue
             lower = pool.preemption == PreemptionPolicy.LOWER_PRIORITY
             if not within_nominal and not lower:
                 continue
-            cands: list[tuple[tuple[int, float, int, int, int], RunningJob, str]] = []
-            for r in self.running_by_pool[name]:
-                if not r.preemptible or r.id in self.victims or self._age(r) < min_rt:
-                    continue
-                if r.team == j.team:
-                    if lower and r.priority < j.priority:
-                        rule = "priority"
-                    else:
-                        continue
-                elif within_nominal and self.start_borrow.get((r.team, r.gpu), 0) > 0:
-                    rule = "reclaim"
-                else:
-                    continue
-                outside = 0 if self._group(r.team) != group else 1
-                cands.append(((outside, self._lost(r), -self.start_borrow.get((r.team, r.gpu), 0),
-                               r.priority, -r.id), r, rule))
-            if not cands:
+            if not self._may_free_enough(j, name, lower, within_nominal):
                 continue
-            cands.sort(key=lambda c: c[0])
-            chosen: list[tuple[RunningJob, str]] = []
-            borrow_left: dict[str, int] = {}
-            for _, r, rule in cands:
-                if rule == "reclaim":
-                    left = borrow_left.get(r.team, self.start_borrow.get((r.team, r.gpu), 0))
-                    if left <= 0:
-                        continue
-                    borrow_left[r.team] = left - r.gpus
-                chosen.append((r, rule))
-                if self._fits_without(j, name, [c for c, _ in chosen]):
-                    break
-            else:
+            memo = (name, j.team, j.gpus, j.priority if lower else 0)
+            if self.preempt_memo.get(memo) == self.version:
                 continue
-            for i in range(len(chosen) - 1, -1, -1):
-                rest = [c for k, (c, _) in enumerate(chosen) if k != i]
-                if self._fits_without(j, name, rest):
-                    chosen.pop(i)
-            victims = [c for c, _ in chosen]
-            rules = sorted({rule for _, rule in chosen})
-            teams = sorted({c.team for c in victims})
-            if rules == ["priority"]:
+            got = self._victims_in(j, name, lower, within_nominal, group)
+            if got is None:
+                self.preempt_memo[memo] = self.version
+                continue
+            victims, rules = got
+            teams = sorted({v.team for v in victims})
+            if rules == {"priority"}:
                 why = (f"priority: job {j.id} (priority {j.priority}) of team {j.team} preempts lower-priority"
                        f" jobs of its own team in pool {name}")
             else:
                 why = (f"reclaim: team {j.team} takes back its nominal {j.gpu} quota ({q.nominal}) from"
-                       f" borrowing team(s) {', '.join(teams)} in pool {name}")
+                       f" borrowing team(s) {', '.join(t for t in teams if t != j.team)} in pool {name}")
+            self.preempting.add(name)
+            self.reclaimable.pop(name, None)
+            self.version += 1
             return name, victims, why
         return None
 
-    def _fits_without(self, j: WaitingJob, pool: str, gone: list[RunningJob]) -> bool:
-        freed = sum(r.gpus for r in gone)
-        room = self.free[pool] - self.reserved[pool] + self.releasing[pool] + freed
-        if room < j.gpus:
-            return False
-        own = sum(r.gpus for r in gone if r.team == j.team)
-        lend_extra = self.lend_releasing.get(j.gpu, 0)
-        for r in gone:
-            if r.team != j.team:
-                q = self.quota(r.team, r.gpu)
-                u = self.usage.get((r.team, r.gpu), 0)
-                lend_extra += q.contrib(u - r.gpus) - q.contrib(u)
-        return self.quota_block(j, own_freed=own + self.team_releasing.get((j.team, j.gpu), 0),
-                                lend_extra=lend_extra) is None
+    def _may_free_enough(self, j: WaitingJob, name: str, lower: bool, within_nominal: bool) -> bool:
+        """A cheap upper bound: could every eligible victim in the pool together make room for `j`?"""
+        bound = self.free[name] - self.reserved[name] + self.releasing[name]
+        if within_nominal:
+            bound += self.reclaimable.get(name, 0) if name in self.reclaimable else self._reclaimable(name)
+        if lower:
+            for r, _, _ in self._own_candidates(name, j.team):
+                if r.priority >= j.priority:
+                    break
+                if r.id not in self.victims:
+                    bound += r.gpus
+        return bound >= j.gpus
+
+    def _reclaimable(self, name: str) -> int:
+        total = sum(r.gpus for r, _, borrow in self._candidates(name) if borrow > 0 and r.id not in self.victims)
+        self.reclaimable[name] = total
+        return total
+
+    def _own_candidates(self, name: str, team: str) -> list[tuple[RunningJob, str, int]]:
+        """The team's preemptible jobs in the pool, lowest priority first."""
+        by_team = self.own_lists.get(name)
+        if by_team is None:
+            by_team = self.own_lists[name] = {}
+            for row in self._candidates(name):
+                by_team.setdefault(row[0].team, []).append(row)
+            for rows in by_team.values():
+                rows.sort(key=lambda row: row[0].priority)
+        return by_team.get(team, [])
+
+    def _victims_in(self, j: WaitingJob, name: str, lower: bool, within_nominal: bool,
+                    group: str) -> tuple[list[RunningJob], set[str]] | None:
+        room = self.free[name] - self.reserved[name] + self.releasing[name]
+        own_release = self.team_releasing.get((j.team, j.gpu), 0)
+        lend_release = self.lend_releasing.get(j.gpu, 0)
+        eligible: list[tuple[RunningJob, str]] = []
+        for outside_pass in (True, False):
+            for r, g, borrow in self._candidates(name):
+                if r.id in self.victims or (g != group) != outside_pass:
+                    continue
+                if r.team == j.team:
+                    if lower and r.priority < j.priority:
+                        eligible.append((r, "priority"))
+                elif within_nominal and borrow > 0:
+                    eligible.append((r, "reclaim"))
+        if not eligible:
+            return None
+        if room + sum(r.gpus for r, _ in eligible) < j.gpus:
+            return None
+        chosen: list[tuple[RunningJob, str]] = []
+        borrow_left: dict[str, int] = {}
+        freed = own = 0
+        lend_extra = lend_release
+        fits = False
+        for r, rule in eligible:
+            if rule == "reclaim":
+                left = borrow_left.get(r.team, self.start_borrow.get((r.team, r.gpu), 0))
+                if left <= 0:
+                    continue
+                borrow_left[r.team] = left - r.gpus
+            chosen.append((r, rule))
+            freed += r.gpus
+            if r.team == j.team:
+                own += r.gpus
+            else:
+                lend_extra += self._lend_gain(r)
+            if room + freed >= j.gpus and (within_nominal or self.quota_block(
+                    j, own_freed=own + own_release, lend_extra=lend_extra) is None):
+                fits = True
+                break
+        if not fits:
+            return None
+        for i in range(len(chosen) - 1, -1, -1):
+            r = chosen[i][0]
+            mine = r.team == j.team
+            f2, o2 = freed - r.gpus, own - (r.gpus if mine else 0)
+            l2 = lend_extra - (0 if mine else self._lend_gain(r))
+            if room + f2 >= j.gpus and (within_nominal or self.quota_block(
+                    j, own_freed=o2 + own_release, lend_extra=l2) is None):
+                chosen.pop(i)
+                freed, own, lend_extra = f2, o2, l2
+        return [r for r, _ in chosen], {rule for _, rule in chosen}
+
+    def _lend_gain(self, r: RunningJob) -> int:
+        q = self.quota(r.team, r.gpu)
+        u = self.usage.get((r.team, r.gpu), 0)
+        return q.contrib(u - r.gpus) - q.contrib(u)
 
 
 @dataclass
@@ -410,18 +528,27 @@ def _run(s: Snapshot, want_reasons: bool = True, stop_at: int | None = None) -> 
     order: list[WaitingJob] = []
     blocked: dict[int, list[_Blocked]] = {}
     reserve_after = s.reserve_after_s
-    while heads:
+    stop = False
+    while heads and not stop:
         *_, team, idx = heapq.heappop(heads)
         jobs = queues[team]
-        j = jobs[idx]
-        order.append(j)
-        why = _place(c, j, now, reserve_after, admitted, preempted)
-        if why:
-            blocked[j.id] = why
-        if stop_at is not None and j.id == stop_at:
-            break
-        if idx + 1 < len(jobs):
-            heapq.heappush(heads, _head_key(c, team, jobs[idx + 1], idx + 1))
+        # A team's jobs come out as a run while its next key stays ahead of every other team's head.
+        while True:
+            j = jobs[idx]
+            order.append(j)
+            why = _place(c, j, now, reserve_after, admitted, preempted)
+            if why:
+                blocked[j.id] = why
+            if stop_at is not None and j.id == stop_at:
+                stop = True
+                break
+            idx += 1
+            if idx >= len(jobs):
+                break
+            nxt = _head_key(c, team, jobs[idx], idx)
+            if heads and nxt > heads[0]:
+                heapq.heappush(heads, nxt)
+                break
     waiting: dict[int, list[Reason]] = {}
     if want_reasons:
         cache: dict[tuple[object, ...], Reason] = {}
@@ -435,18 +562,35 @@ def _run(s: Snapshot, want_reasons: bool = True, stop_at: int | None = None) -> 
 
 
 def _head_key(c: _Cycle, team: str, j: WaitingJob, idx: int) -> tuple[int, int, float, float, int, str, int]:
-    u = c.usage.get((team, j.gpu), 0)
-    borrows = 1 if u + j.gpus > c.quota(team, j.gpu).nominal else 0
-    return (-j.priority, borrows, c.share(team, j.gpu, j.gpus), j.submitted_at, j.id, team, idx)
+    """Admission order: priority (desc), staying within nominal before borrowing, the team's fair share
+    (lowest first), submission time, id."""
+    key = (team, j.gpu)
+    borrows = 1 if c.usage.get(key, 0) + j.gpus > c.quotas.get(key, _NO_QUOTA).nominal else 0
+    share = c.share_cache.get(team)
+    if share is None:
+        share = c.share_cache[team] = c.share(team, j.gpu, 0)
+    return (-j.priority, borrows, share, j.submitted_at, j.id, team, idx)
 
 
 def _place(c: _Cycle, j: WaitingJob, now: float, reserve_after: float,
            admitted: list[Admission], preempted: list[Preemption]) -> list[_Blocked] | None:
-    """Admit `j`, or preempt for it, or say why it waits (and reserve for it when it has waited long)."""
+    """Admit `j`, or preempt for it, or say why it waits (and reserve for it when it has waited long).
+
+    A job blocked in a state (`c.version`) that nothing has changed since an identical job (team,
+    kind, backend, pin, size, wait class, and priority where it matters) was blocked is blocked for
+    the same reasons: the answer is reused, which keeps a saturated cycle linear and cheap."""
     if j.not_before is not None and j.not_before > now:
         return [_Blocked(ReasonCode.BACKOFF, 0, 0, f"{j.not_before - now:.0f}")]
+    long_wait = now - max(j.submitted_at, j.not_before or j.submitted_at) >= reserve_after
+    memo_key = (j.team, j.gpu, j.backend, j.pool, j.gpus, long_wait, j.priority if c.has_lower else 0)
+    hit = c.place_memo.get(memo_key)
+    if hit is not None and hit[0] == c.version:
+        return hit[1]
     names = c.pools_for(j)
-    big_enough = [n for n in names if c.pools[n].gpus >= j.gpus]
+    size_key = ((j.backend, j.gpu, j.pool), j.gpus)
+    big_enough = c.big_enough.get(size_key)
+    if big_enough is None:
+        big_enough = c.big_enough[size_key] = [n for n in names if c.pools[n].gpus >= j.gpus]
     if not big_enough:
         largest = max((c.pools[n].gpus for n in names), default=0)
         return [_Blocked(ReasonCode.NO_MATCHING_POOL, largest, largest, "too small" if names else "none")]
@@ -454,35 +598,37 @@ def _place(c: _Cycle, j: WaitingJob, now: float, reserve_after: float,
     if j.gpus > ever:
         return [_Blocked(ReasonCode.EXCEEDS_TEAM_LIMIT, ever, ever)]
     qb = c.quota_block(j)
-    pool = c.best_pool(big_enough, j.gpus) if qb is None else None
-    if pool is not None:
+    pool = c.best_pool(big_enough, j.gpus)
+    if qb is None and pool is not None:
         admitted.append(Admission.model_construct(job_id=j.id, pool=pool, borrowed=c.admit(j, pool)))
         return None
+    version = c.version
     # Blocked: say why, then wait for what is being released, or preempt, or reserve.
     why: list[_Blocked] = []
     if qb is not None:
-        if c.quota_block(j, ignore_res=True) is None:
+        if (c.lend_res[j.gpu] or c.team_res.get((j.team, j.gpu))) and c.quota_block(j, ignore_res=True) is None:
             why.append(_Blocked(ReasonCode.WAITING_FOR_PRIORITY, qb.available, qb.limit, "quota held"))
         else:
             why.append(qb)
-    cap_blocked = c.best_pool(big_enough, j.gpus) is None
+    cap_blocked = pool is None
     if cap_blocked:
-        roomiest = max(big_enough, key=lambda n: (c.free[n] - c.reserved[n], [-ord(x) for x in n]))
-        if c.best_pool(big_enough, j.gpus, ignore_res=True) is not None:
-            why.append(_Blocked(ReasonCode.WAITING_FOR_PRIORITY, max(0, c.free[roomiest] - c.reserved[roomiest]),
-                                c.pools[roomiest].gpus, f"pool held:{roomiest}"))
+        roomiest = c.roomiest(big_enough)
+        room = max(0, c.free[roomiest] - c.reserved[roomiest])
+        if any(c.reserved[n] for n in big_enough) and c.best_pool(big_enough, j.gpus, ignore_res=True) is not None:
+            why.append(_Blocked(ReasonCode.WAITING_FOR_PRIORITY, room, c.pools[roomiest].gpus,
+                                f"pool held:{roomiest}"))
         else:
-            why.append(_Blocked(ReasonCode.WAITING_FOR_CAPACITY, max(0, c.free[roomiest] - c.reserved[roomiest]),
-                                c.pools[roomiest].gpus, f"pool:{roomiest}" + (";quota" if qb else "")))
-    releasing = c.best_pool(big_enough, j.gpus, extra=c.releasing) is not None and c.quota_block(
+            why.append(_Blocked(ReasonCode.WAITING_FOR_CAPACITY, room, c.pools[roomiest].gpus,
+                                f"pool:{roomiest}" + (";quota" if qb else "")))
+    releasing = any(c.releasing[n] for n in big_enough) and c.best_pool(
+        big_enough, j.gpus, extra=c.releasing) is not None and c.quota_block(
         j, own_freed=c.team_releasing.get((j.team, j.gpu), 0), lend_extra=c.lend_releasing.get(j.gpu, 0)) is None
-    long_wait = now - max(j.submitted_at, j.not_before or j.submitted_at) >= reserve_after
     if releasing:
         for b in why:
             b.detail += ";releasing"
         c.reserve(j, big_enough, qb is not None, True)
         return why
-    got = c.try_preempt(j, big_enough)
+    got = c.try_preempt(j, big_enough) if c.may_preempt(big_enough) else None
     if got is not None:
         name, victims, reason = got
         for v in victims:
@@ -491,12 +637,14 @@ def _place(c: _Cycle, j: WaitingJob, now: float, reserve_after: float,
             c.releasing[name] += v.gpus
             if v.team == j.team:
                 c.team_releasing[(j.team, j.gpu)] = c.team_releasing.get((j.team, j.gpu), 0) + v.gpus
-        c.reserved[name] += min(j.gpus, max(0, c.free[name] - c.reserved[name]) + sum(v.gpus for v in victims))
+        c.reserved[name] += min(j.gpus, max(0, c.free[name] - c.reserved[name]))
         for b in why:
             b.detail += ";preempting"
         return why
     if long_wait:
         c.reserve(j, big_enough, qb is not None, cap_blocked)
+    if c.version == version:
+        c.place_memo[memo_key] = (version, why)
     return why
 
 

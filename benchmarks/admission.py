@@ -1,0 +1,115 @@
+"""One admission cycle and one explain call on a large queue, next to their goals.
+
+The queue: 10,000 waiting jobs across 100 teams (10 groups) and 20 pools (4 GPU kinds x 5 pools,
+mixed preemption policies), with the pools mostly full of running jobs (a third of them borrowing),
+past usage for every team, a few retries in backoff: a fixed seed, so every run measures the same
+snapshot. Prints the median and p95 wall time of `engine.admit` (goal: under 50 ms) and of
+`engine.explain` for a job in the middle of the queue (goal: under 20 ms), over N runs each, and the
+least CPU time (the steadiest figure on a shared machine).
+
+    .venv/bin/python benchmarks/admission.py [--runs N] [--jobs 10000] [--teams 100] [--pools 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from collections.abc import Callable
+
+from service.scheduling.engine import admit, explain
+from service.scheduling.model import FlavorQuota, Pool, PreemptionPolicy, TeamQuota
+from service.scheduling.state import RunningJob, Snapshot, WaitingJob
+
+KINDS = ["H100-SXM-80GB", "A100-SXM-80GB", "L40S-48GB", "H200-SXM-141GB"]
+POLICIES = [PreemptionPolicy.RECLAIM, PreemptionPolicy.LOWER_PRIORITY, PreemptionPolicy.NEVER]
+NOW = 1_000_000.0
+
+
+def make_snapshot(jobs: int = 10_000, teams: int = 100, pools: int = 20, seed: int = 12) -> Snapshot:
+    """A deterministic, saturated snapshot of the given size."""
+    rng = random.Random(seed)
+    pool_list = [Pool(name=f"pool-{i:02d}", backend="kubernetes" if i % 2 else "slurm", gpu=KINDS[i % len(KINDS)],
+                      gpus=rng.choice([64, 128, 256, 512]), preemption=POLICIES[i % len(POLICIES)])
+                 for i in range(pools)]
+    capacity = {k: sum(p.gpus for p in pool_list if p.gpu == k) for k in KINDS}
+    names = [f"team-{i:03d}" for i in range(teams)]
+    quotas: dict[str, TeamQuota] = {}
+    for i, name in enumerate(names):
+        kinds = rng.sample(KINDS, 2)
+        quotas[name] = TeamQuota(
+            weight=rng.choice([0.5, 1.0, 1.0, 2.0]), group=f"org-{i % 10}",
+            flavors={k: FlavorQuota(nominal=capacity[k] // teams, borrowing_limit=rng.choice([None, 16, 64]),
+                                    lending_limit=rng.choice([None, capacity[k] // (2 * teams)])) for k in kinds})
+    running: list[RunningJob] = []
+    job_id = 0
+    for p in pool_list:
+        left = int(p.gpus * 0.95)
+        while left > 0:
+            job_id += 1
+            team = rng.choice(names)
+            gpus = min(left, rng.choice([1, 2, 4, 8]))
+            left -= gpus
+            start = NOW - rng.uniform(0, 7200)
+            running.append(RunningJob(
+                id=job_id, team=team, pool=p.name, gpu=p.gpu, gpus=gpus, priority=rng.choice([0, 0, 1]),
+                admitted_at=start - 5, started_at=start, checkpoint_at=start + rng.uniform(0, NOW - start),
+                remaining_s=rng.choice([None, rng.uniform(60, 36000)])))
+    waiting: list[WaitingJob] = []
+    for _ in range(jobs):
+        job_id += 1
+        team = rng.choice(names)
+        kind = rng.choice(list(quotas[team].flavors))
+        backend = rng.choice([p.backend.value for p in pool_list if p.gpu == kind])
+        waiting.append(WaitingJob(
+            id=job_id, team=team, backend=backend, gpu=kind, gpus=rng.choice([1, 1, 2, 4, 8, 16]),
+            priority=rng.choice([0, 0, 0, 1, 2]), submitted_at=NOW - rng.uniform(0, 86400),
+            predicted_s=rng.choice([None, rng.uniform(600, 36000)]),
+            not_before=NOW + 60 if rng.random() < 0.02 else None))
+    usage = {t: {k: rng.uniform(0, 1e6) for k in quotas[t].flavors} for t in names}
+    return Snapshot(now=NOW, pools=pool_list, quotas=quotas, running=running, waiting=waiting, usage=usage)
+
+
+def measure(fn: Callable[[], object], runs: int) -> tuple[float, float, float]:
+    """(median wall, p95 wall, least CPU) seconds over `runs` calls after one warm-up."""
+    fn()
+    walls: list[float] = []
+    cpus: list[float] = []
+    for _ in range(runs):
+        w, c = time.perf_counter(), time.process_time()
+        fn()
+        walls.append(time.perf_counter() - w)
+        cpus.append(time.process_time() - c)
+    walls.sort()
+    p95 = walls[min(len(walls) - 1, round(0.95 * (len(walls) - 1)))]
+    return statistics.median(walls), p95, min(cpus)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--teams", type=int, default=100)
+    parser.add_argument("--pools", type=int, default=20)
+    args = parser.parse_args()
+    snap = make_snapshot(args.jobs, args.teams, args.pools)
+    decision = admit(snap)
+    middle = decision.order[len(decision.order) // 2]
+    target_team = next(j.team for j in snap.waiting if j.id == middle)
+    print(f"snapshot: {len(snap.waiting)} waiting, {len(snap.running)} running, {len(snap.quotas)} teams,"
+          f" {len(snap.pools)} pools; one cycle admits {len(decision.admitted)} and preempts"
+          f" {len(decision.preempted)}")
+    print(f"{'case':44} {'median ms':>9} {'p95 ms':>7} {'min cpu ms':>10} {'goal ms':>7} {'goal/median':>11}")
+    cases: list[tuple[str, float, Callable[[], object]]] = [
+        ("admit: one cycle", 0.050, lambda: admit(snap)),
+        (f"explain: job {middle} (mid-queue), its team's view", 0.020, lambda: explain(snap, middle, target_team)),
+    ]
+    for label, goal, fn in cases:
+        median, p95, cpu = measure(fn, args.runs)
+        print(f"{label:44} {median * 1e3:9.1f} {p95 * 1e3:7.1f} {cpu * 1e3:10.1f} {goal * 1e3:7.0f}"
+              f" {goal / median:11.2f}")
+
+
+if __name__ == "__main__":
+    main()
