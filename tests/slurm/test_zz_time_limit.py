@@ -33,4 +33,5 @@ def test_a_time_limit_kill_fails_the_job_through_the_api_as_a_timeout(api_time_l
     last = client.get(f"/v1/jobs/{job_id}/events", headers=headers).json()[-1]
     assert last["data"]["failure"] == "timeout" and "time limit" in last["message"]
     assert len(job["attempts"]) == 1  # a time limit is not retried
+    assert job["attempts"][0]["failure"] == "timeout" and "time limit" in job["attempts"][0]["exit_reason"]
     assert sacct_states(job["attempts"][0]["backend_id"]) == ["TIMEOUT"]

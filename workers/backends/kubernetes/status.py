@@ -15,7 +15,7 @@ from typing import Any
 
 from service.failures import FailureClass
 from workers.backends.base import Observation, RunState
-from workers.backends.evidence import memory_failure
+from workers.backends.evidence import memory_failure, program_lines
 from workers.backends.kubernetes.naming import ObjectKind
 
 RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
@@ -76,7 +76,9 @@ def pod_failure(pod: Mapping[str, Any]) -> PodFailure | None:
             code = int(term["exitCode"])
             why = str(term.get("reason") or "Error")
             text = f"pod {name}: container {cs.get('name')} {why} (exit code {code})"
-            tail = term.get("message") or None  # terminationMessagePolicy FallbackToLogsOnError: the log's end
+            # terminationMessagePolicy FallbackToLogsOnError: the log's end, without torchrun's own lines
+            raw = str(term.get("message") or "")
+            tail = "\n".join(program_lines(raw.splitlines())) or raw or None
             # OOMKilled: the kernel killed it at the container's memory limit (host memory, not the GPU's)
             cause = FailureClass.OOM_HOST if why == "OOMKilled" else memory_failure(tail or "")
             if why == "OOMKilled":

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from workers.backends.evidence import program_lines
+
 LOG_TAIL_LINES = 30
 LOG_TAIL_CHARS = 8000
 
@@ -31,7 +33,8 @@ def log_files(folder: Path, job_id: str | None, task: int | None = None) -> list
 def log_tail(folder: Path, job_id: str | None, lines: int = LOG_TAIL_LINES) -> str | None:
     """The last `lines` lines of each node's stdout and of its stderr, headed `[node <task> <stream>]`.
 
-    Noise (`_NOISE`) and torchrun's own Python tracebacks are left out; the node whose torchrun
+    Noise (`_NOISE`) and torchrun's own lines (`evidence.program_lines`: its traceback and failure
+    summary) are left out; the node whose torchrun
     reported the root cause comes first. At most `LOG_TAIL_CHARS` characters (the last ones); None
     when there is nothing to show."""
     parts: list[tuple[str, str, list[str]]] = []
@@ -42,9 +45,10 @@ def log_tail(folder: Path, job_id: str | None, lines: int = LOG_TAIL_LINES) -> s
             raw = path.read_text(errors="replace")
         except OSError:
             continue
-        text = drop_launcher_tracebacks([ln for ln in raw.splitlines() if ln.strip() and not _NOISE.search(ln)])
+        kept = [ln for ln in raw.splitlines() if ln.strip() and not _NOISE.search(ln)]
+        text = program_lines(kept)  # torchrun's traceback, exception line and failure summary left out too
         if text:
-            if any("Root Cause" in ln for ln in text):
+            if any("Root Cause" in ln for ln in kept):
                 root_tasks.add(task)
             parts.append((task, "stdout" if path.suffix == ".out" else "stderr", text[-lines:]))
     if not parts:
