@@ -8,7 +8,8 @@ so a query sums over instances (`sum by (...)`). Series carry a `team` label tha
 away unless `metrics_team_labels` is set (`service.observability.exposition`).
 
 Job metrics are observed by `service.observability.transitions` when a transition commits; the
-dispatcher observes its cycles (`observe_cycle`); the webhook deliverer calls `record_delivery`.
+dispatcher observes its cycles (`observe_cycle`); webhook deliveries are counted when their rows commit
+(`service.observability.deliveries`).
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ DELIVERY_SECONDS = Histogram(
 
 def record_delivery(outcome: str, *, team: str | None = None, seconds: float | None = None) -> None:
     """Count one webhook delivery attempt by its outcome (`service.store.notify_models.DeliveryOutcome`:
-    delivered, retrying, failed, disabled, gave_up, ...), and how long the receiver took when it was
-    asked at all. The deliverer calls it once per recorded attempt."""
+    delivered, retrying, failed, gave_up, disabled), and how long the receiver took when it was asked at
+    all. `service.observability.deliveries` calls it when a delivery row commits."""
     label = str(getattr(outcome, "value", outcome))
     DELIVERIES.labels(team=team or "", outcome=label).inc()
     if seconds is not None:

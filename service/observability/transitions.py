@@ -17,6 +17,7 @@ from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
 from service.observability import counters
+from service.observability import deliveries as _deliveries  # noqa: F401 (registers its listeners)
 from service.store.models import Event, Job, as_utc
 from service.store.vocab import EventKind, JobStatus
 

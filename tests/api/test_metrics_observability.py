@@ -17,7 +17,6 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.api.app import create_app
-from service.observability import counters
 from service.settings import Settings
 from service.store.db import make_engine
 from tests.db_fixtures import Env
@@ -105,17 +104,21 @@ def test_team_labels_only_when_allowed(env: Env, admin: dict[str, str], tmp_path
                  status="SUCCEEDED") == 1
 
 
-def test_webhook_deliveries_are_counted_by_outcome(env: Env) -> None:
+def test_webhook_deliveries_are_counted_by_outcome(env: Env, admin: dict[str, str]) -> None:
+    """A real receiver on loopback answers 500, then 200: one retrying attempt, one delivered."""
+    from tests.notify.helpers import notifier, pump, submit, subscribe
+    from tests.notify.receiver import receiver
+
+    env.app.state.settings.webhook_allow_private = True  # the receiver is on 127.0.0.1
     before = scrape(env.client.get("/metrics").text)
-    counters.record_delivery("delivered", team="alpha", seconds=0.02)
-    counters.record_delivery("retrying", team="alpha", seconds=5.0)
-    counters.record_delivery("failed", team="beta")
-    text = env.client.get("/metrics").text
-    after = scrape(text)
-    for outcome in ("delivered", "retrying", "failed"):
-        assert delta(before, after, "shardctl_webhook_deliveries_total", outcome=outcome) == 1
-    assert delta(before, after, "shardctl_webhook_delivery_seconds_count", outcome="retrying") == 1
-    assert "alpha" not in text and "beta" not in text
+    with receiver([500, 200]) as rec:
+        subscribe(env, admin, rec.url, ["job.queued"])
+        submit(env, admin)
+        pump(notifier(env), env, rec, 2)
+    after = scrape(env.client.get("/metrics").text)
+    assert delta(before, after, "shardctl_webhook_deliveries_total", outcome="retrying") == 1
+    assert delta(before, after, "shardctl_webhook_deliveries_total", outcome="delivered") == 1
+    assert delta(before, after, "shardctl_webhook_delivery_seconds_count", outcome="delivered") == 1
 
 
 def test_a_worker_serves_its_own_metrics_and_logs_json(env: Env, admin: dict[str, str], tmp_path: Path) -> None:
