@@ -23,7 +23,7 @@ from service.store.models import Attempt, Job, Team, as_utc, utcnow
 from service.store.pools import SourcedPool, effective_pools, matching
 from service.store.quotas import all_quotas
 from service.store.usage import decayed_usage
-from service.store.vocab import JobStatus
+from service.store.vocab import FailureClass, JobStatus
 
 S = JobStatus
 #: statuses of a job that holds (or, QUEUED with a pool, is about to use) its admission
@@ -97,16 +97,15 @@ def running_jobs(session: Session, pools: list[SourcedPool], now: datetime) -> l
     names = {p.pool.name for p in pools}
     rows = session.execute(
         select(Job.id, Team.name, Job.backend, Job.pool, Job.gpu, Job.gpus, Job.priority, Job.status,
-               Job.admitted_at, Job.created_at, Job.predicted_s, Attempt.started_at)
+               Job.admitted_at, Job.created_at, Job.predicted_s, Attempt.started_at, Attempt.failure)
         .join(Team, Team.id == Job.team_id)
-        .outerjoin(Attempt, and_(Attempt.job_id == Job.id, Attempt.finished_at.is_(None),
-                                 Attempt.started_at.is_not(None)))
+        .outerjoin(Attempt, and_(Attempt.job_id == Job.id, Attempt.finished_at.is_(None)))
         .where(Job.status.in_(HOLDING), Job.backend.in_(backends),
                or_(Job.pool.is_not(None), Job.status != S.QUEUED))
         .order_by(Job.id))
     out: dict[int, RunningJob] = {}
     for (job_id, team, backend, pool, gpu, gpus, priority, status, admitted, created, predicted,
-         started) in rows:
+         started, failure) in rows:
         if pool is None:  # admitted before pools existed: the largest pool of its kind
             fits = matching(pools, str(backend), gpu)
             if not fits:
@@ -123,7 +122,9 @@ def running_jobs(session: Session, pools: list[SourcedPool], now: datetime) -> l
             continue  # two open attempts (a requeue in flight): the latest start counts
         out[job_id] = RunningJob(id=job_id, team=team, pool=pool, gpu=gpu, gpus=max(1, gpus), priority=priority,
                                  admitted_at=_ts(admitted) or as_utc(created).timestamp(), started_at=started_ts,
-                                 remaining_s=remaining, preemptible=status != S.CANCELLING)
+                                 remaining_s=remaining,
+                                 # being cancelled, or being preempted (its open attempt is marked so)
+                                 preemptible=status != S.CANCELLING and failure != FailureClass.PREEMPTED)
     return list(out.values())
 
 
