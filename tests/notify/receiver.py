@@ -59,7 +59,7 @@ def receiver(script: list[int | tuple[int, dict[str, str]]] | None = None) -> It
     box: list[Receiver] = []
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
             rec = box[0]
             with rec.lock:

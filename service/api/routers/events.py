@@ -117,11 +117,12 @@ def _stream(request: Request, principal: Principal, credentials: HTTPAuthorizati
 def get_feed(principal: Caller, db: Db, request: Request,
              credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
              since: Since = 0, team: TeamQ = None, job: JobQ = None, type: TypeQ = None,
-             limit: Annotated[int, Query(ge=1, le=MAX_FEED_PAGE)] = 100, stream: bool = False,
-             last_event_id: LastEventId = "") -> object:
+             limit: Annotated[int, Query(ge=1, le=MAX_FEED_PAGE)] = 100, stream: bool = False) -> object:
+    """A stream resumes after its `Last-Event-ID` header (read here rather than declared, as it only
+    applies to the stream)."""
     filters = FeedFilter(team=team, job_id=job, type=type)
     if stream or EVENT_STREAM in request.headers.get("accept", ""):
-        return _stream(request, principal, credentials, filters, since, last_event_id)
+        return _stream(request, principal, credentials, filters, since, request.headers.get("last-event-id", ""))
     with db.begin() as session:
         items = [feed_out(row) for row in list_feed(session, principal, filters, since=since, limit=limit)]
     return EventPage(items=items, next_cursor=str(items[-1].id if items else since))
