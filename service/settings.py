@@ -67,6 +67,19 @@ class Settings(BaseSettings):
         " /metrics is open.")
     metrics_team_labels: bool = Field(False, description="Label /metrics series by team (names every team and"
                                       " its job counts to whoever may scrape); off: totals only.")
+    # Webhooks (docs/notifications.md).
+    webhook_allow_private: bool = Field(False, description="Allow webhook URLs on loopback, private and link-local"
+                                        " addresses (single-machine installs, tests). Off: refused.")
+    webhook_timeout_s: float = Field(10.0, gt=0, le=120, description="Connect and read timeout of one delivery.")
+    webhook_concurrency: int = Field(8, ge=1, le=256, description="Deliveries one dispatcher process makes at once.")
+    webhook_retry_base_s: float = Field(2.0, gt=0, description="Delay before the first retry; doubles each attempt"
+                                        " (with jitter) up to webhook_retry_max_s.")
+    webhook_retry_max_s: float = Field(3600.0, gt=0, description="Longest delay between two attempts.")
+    webhook_retry_horizon_s: float = Field(86400.0, gt=0, description="How long a delivery is retried before it"
+                                           " is given up (default 24 h).")
+    webhook_secret_grace_s: float = Field(86400.0, ge=0, description="After a rotation, how long the previous"
+                                          " secret still signs deliveries beside the new one.")
+    webhook_poll_s: float = Field(1.0, gt=0, description="How often the delivery worker looks for due deliveries.")
     # Logs and the dispatcher's own metrics (docs/observability.md).
     log_format: Literal["text", "json"] = Field(
         "text", description="Process logs: 'text' (one readable line) or 'json' (one JSON object per line: ts,"

@@ -43,7 +43,7 @@ from service.api.deps import (
 )
 from service.api.errors import RouteEntry, routes_of
 from service.api.metrics import make_metrics
-from service.api.routers import health, jobs, plans, profiles, teams, tokens
+from service.api.routers import events, health, jobs, plans, profiles, teams, tokens, webhooks
 from service.api.schemas import ErrorField
 from service.api.submission import PlanRunner
 from service.planner.result import Plan
@@ -353,7 +353,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.state.launch_preview = launch_preview
     app.state.configured_backends = frozenset(configured_backends) if configured_backends is not None else None
     errors.install(app)
-    for module in (health, plans, jobs, profiles, teams, tokens):
+    for module in (health, plans, jobs, profiles, teams, tokens, events, webhooks):
         app.include_router(module.router)
     app.add_middleware(RequestGate, api=app)
     app.add_middleware(AccessLog, route_key=ROUTE_SCOPE_KEY)  # outermost: it logs what the gate refuses too

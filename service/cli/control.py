@@ -117,6 +117,7 @@ def serve(host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0
         thread = threading.Thread(target=dispatcher.run_forever, args=(stop, settings.dispatcher_interval_s),
                                   daemon=True, name="dispatcher")
         thread.start()
+        wiring.start_notifier(settings, sessions, stop)  # webhook deliveries, on their own threads
         announce(settings, f"dispatcher running in this process (backends: {', '.join(sorted(backends))})")
     try:
         # Our access log (service.api.access_log) replaces uvicorn's; uvicorn's own lines go through ours.
@@ -136,6 +137,9 @@ def worker(once: Annotated[bool, typer.Option("--once", help="Run one cycle and 
     dispatcher = wiring.make_dispatcher(settings, wiring.open_store(settings), wiring.make_backends(settings))
     if once:
         report = dispatcher.run_once()
+        notifier = wiring.make_notifier(settings, dispatcher.sessions)  # deliver what is due, then exit
+        notifier.run_once()
+        notifier.close()
         console.out(json.dumps({"submitted": report.submitted, "adopted": report.adopted,
                                 "transitions": report.transitions, "unreachable": report.unreachable}))
         return
@@ -147,6 +151,7 @@ def worker(once: Annotated[bool, typer.Option("--once", help="Run one cycle and 
                                port=settings.dispatcher_metrics_port, team_labels=settings.metrics_team_labels)
         announce(settings, f"dispatcher metrics on http://{settings.dispatcher_metrics_host}:{server.server_port}"
                  "/metrics")
+    wiring.start_notifier(settings, dispatcher.sessions, stop)  # webhook deliveries, on their own threads
     try:
         dispatcher.run_forever(stop, settings.dispatcher_interval_s)
     except KeyboardInterrupt:

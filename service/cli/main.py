@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
-from service.cli import control
+from service.cli import control, notify
 from service.cli.profile import profile_app
 from service.cli.render import (
     EXIT_DOES_NOT_FIT,
@@ -59,7 +59,8 @@ app.add_typer(profile_app, name="profile", help="Analyse PyTorch profiler traces
 app.add_typer(control.token_app, name="token")
 app.add_typer(control.team_app, name="team")
 app.add_typer(control.db_app, name="db")
-for command in (control.serve, control.worker, control.submit, control.jobs, control.show, control.events,
+app.add_typer(notify.webhooks_app, name="webhooks")
+for command in (control.serve, control.worker, control.submit, control.jobs, control.show, notify.events,
                 control.cancel):
     app.command()(command)
 console = Console()

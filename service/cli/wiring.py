@@ -10,6 +10,7 @@ nothing (`shardctl plan`, the API clients) never load it.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 
     from workers.backends.base import Backend
     from workers.dispatcher import Dispatcher
+    from workers.notify import Notifier
 
 Sessions = sessionmaker[Session]
 
@@ -72,6 +74,26 @@ def make_dispatcher(settings: Settings, sessions: Sessions, backends: Mapping[st
                               max_attempts=settings.max_attempts, retry_backoff_s=settings.retry_backoff_s,
                               api_url=public_url or settings.public_url)
     return Dispatcher(sessions, backends, config)
+
+
+def make_notifier(settings: Settings, sessions: Sessions) -> Notifier:
+    """The webhook delivery worker (`workers.notify`), configured from `settings`; it runs beside the
+    dispatcher, in the same process, on its own threads."""
+    from workers.notify import Notifier, NotifierConfig
+
+    config = NotifierConfig(timeout_s=settings.webhook_timeout_s, concurrency=settings.webhook_concurrency,
+                            retry_base_s=settings.webhook_retry_base_s, retry_max_s=settings.webhook_retry_max_s,
+                            horizon_s=settings.webhook_retry_horizon_s, allow_private=settings.webhook_allow_private)
+    return Notifier(sessions, config)
+
+
+def start_notifier(settings: Settings, sessions: Sessions, stop: threading.Event) -> threading.Thread:
+    """`make_notifier` running in a daemon thread until `stop` is set."""
+    notifier = make_notifier(settings, sessions)
+    thread = threading.Thread(target=notifier.run_forever, args=(stop, settings.webhook_poll_s), daemon=True,
+                              name="webhooks")
+    thread.start()
+    return thread
 
 
 def make_app(settings: Settings, sessions: Sessions, backends: Mapping[str, Backend], public_url: str) -> FastAPI:

@@ -233,3 +233,8 @@ class Measurement(Base):
     kind: Mapped[MeasurementKind] = mapped_column(enum_column(MeasurementKind, 32))
     at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
     data: Mapped[dict[str, Any]] = mapped_column(Json)
+
+
+# Notification tables (webhooks, outbox, deliveries) live in their own module; importing it here puts
+# them in `Base.metadata` wherever the models are loaded.
+from service.store import notify_models as notify_models  # noqa: E402

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from service.observability.transitions import record_transition
 from service.store.models import Event, Job, utcnow
 from service.store.vocab import EventKind, JobStatus
+from service.store.webhooks import enqueue as enqueue_deliveries
 
 S = JobStatus
 TERMINAL: frozenset[JobStatus] = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED})
@@ -44,8 +45,11 @@ class IllegalTransition(ValueError):
 
 def add_event(session: Session, job: Job, *, actor: str, kind: str, message: str = "",
               data: dict[str, Any] | None = None) -> Event:
+    """Append an event to `job`'s history, and its webhook deliveries to the outbox
+    (`service.store.webhooks.enqueue`), in the caller's transaction."""
     event = Event(job_id=job.id, actor=actor, kind=kind, message=message, data=data or {})
     session.add(event)
+    enqueue_deliveries(session, job, event)
     return event
 
 
