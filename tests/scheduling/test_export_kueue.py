@@ -6,7 +6,7 @@ import copy
 from functools import cache
 from typing import Any
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped, unused-ignore]
 import pytest
 import yaml
 
