@@ -20,6 +20,7 @@ from service.cli.render import (
     plan_line,
     plan_panel,
 )
+from service.cli.scheduling import register as register_scheduling
 from service.planner import Plan, plan
 from service.spec import LayoutPins, TrainingSpec, load_spec, spec_json_schema
 
@@ -59,6 +60,7 @@ app.add_typer(profile_app, name="profile", help="Analyse PyTorch profiler traces
 app.add_typer(control.token_app, name="token")
 app.add_typer(control.team_app, name="team")
 app.add_typer(control.db_app, name="db")
+register_scheduling(app)  # simulate, export kueue|slurm
 app.add_typer(notify.webhooks_app, name="webhooks")
 for command in (control.serve, control.worker, control.submit, control.jobs, control.show, notify.events,
                 control.cancel):
