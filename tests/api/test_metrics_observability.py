@@ -43,7 +43,7 @@ def delta(before: Samples, after: Samples, name: str, **labels: str) -> float:
 def test_a_job_run_shows_its_queue_wait_time_to_running_attempt_and_the_cycles(env: Env, admin: dict[str, str],
                                                                                 tmp_path: Path) -> None:
     before = scrape(env.client.get("/metrics").text)
-    job_id = env.client.post("/v1/jobs", json=one_process("import time; time.sleep(2)"), headers=admin).json()["id"]
+    job_id = env.client.post("/v1/jobs", json=one_process("import time; time.sleep(4)"), headers=admin).json()["id"]
     dispatcher = make_dispatcher(env, tmp_path)
     drive(env, dispatcher, job_id, admin, until={"RUNNING"})  # seen running: time to running is observed
     assert drive(env, dispatcher, job_id, admin)["status"] == "SUCCEEDED"
