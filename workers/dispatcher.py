@@ -277,7 +277,8 @@ class Dispatcher:
             add_event(session, job, actor=self.actor, kind=EventKind.BACKEND_UNREACHABLE, message=why)
             job.lease_owner = None
             job.lease_expires_at = utcnow() + timedelta(seconds=self.config.retry_backoff_s)
-        log.warning("job %d released, tried again in %.0f s: %s", job_id, self.config.retry_backoff_s, why,
+        log.warning("job %d released, tried again in %.0f s: %s", job_id, self.config.retry_backoff_s,
+                    redact_strings(why),
                     extra={"job_id": job_id, "decision": "released", "backoff_s": self.config.retry_backoff_s})
 
     # -- reconciliation ------------------------------------------------------------------------

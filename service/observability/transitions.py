@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from service.observability import counters
 from service.observability import deliveries as _deliveries  # noqa: F401 (registers its listeners)
+from service.redaction import redact_value
 from service.store.models import Event, Job, as_utc
 from service.store.vocab import EventKind, JobStatus
 
@@ -39,7 +40,7 @@ class Moved:
     source: JobStatus
     target: JobStatus
     actor: str
-    message: str
+    message: str  # the event's message, credentials in it hidden (`redact_value`): logs are widely read
     created_at: datetime
     at: datetime
     first: bool  # the job's first time in `target` (for SUBMITTING and RUNNING; else False)
@@ -82,7 +83,7 @@ def record_transition(session: Session, job: Job, source: JobStatus, *, actor: s
     target = job.status
     attempt, exit_code = data.get("attempt"), data.get("exit_code")
     moved = Moved(job_id=job.id, team=job.team.name if job.team is not None else "", backend=str(job.backend),
-                  source=source, target=target, actor=actor, message=message,
+                  source=source, target=target, actor=actor, message=redact_value(message),
                   created_at=as_utc(job.created_at or job.updated_at), at=as_utc(job.updated_at),
                   first=_first_time(session, job, target), failure_class=failure_class_of(data),
                   attempt=attempt if isinstance(attempt, int) else None,

@@ -63,3 +63,18 @@ def test_a_job_the_dispatcher_cannot_run_is_logged_as_it_fails(env: Env, admin: 
         ("QUEUED", "SUBMITTING"), ("SUBMITTING", "FAILED")]
     assert "not configured" in logs.records("shardctl.jobs", job_id=job_id, to="FAILED")[0]["reason"]
     assert logs.records("shardctl.dispatcher", decision="leased", job_id=job_id)
+
+
+def test_credentials_in_a_transitions_message_are_not_logged(env: Env, admin: dict[str, str]) -> None:
+    """Backends' messages can quote what they were sent; logs are read more widely than the API."""
+    from service.store.models import Job
+    from service.store.states import transition
+    from service.store.vocab import JobStatus
+    from tests.specs import tiny
+
+    job_id = env.client.post("/v1/jobs", json=tiny(), headers=admin).json()["id"]
+    with captured_logs() as logs, env.app.state.sessions.begin() as session:
+        transition(session, session.get(Job, job_id), JobStatus.CANCELLED, actor="test",
+                   message="could not reach postgresql://trainer:hunter2@db.internal/runs")
+    [line] = logs.records("shardctl.jobs", job_id=job_id)
+    assert "hunter2" not in logs.text and "db.internal" in line["reason"]
