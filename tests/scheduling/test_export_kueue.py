@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import copy
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import jsonschema  # type: ignore[import-untyped, unused-ignore]
 import pytest
 import yaml
+from typer.testing import CliRunner
 
+from service.cli.main import app
 from service.scheduling.config_file import parse_pools_text
 from service.scheduling.export_kueue import render_kueue, to_yaml
 from tests.k8s.schemas import SCHEMA_DIR, openapi_to_jsonschema, require_crd_schemas, validate
@@ -106,3 +109,21 @@ def test_local_queues_per_team_and_namespace_and_priority_bands() -> None:
 def test_no_kubernetes_pool_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="no pool has backend kubernetes"):
         render_kueue(parse_pools_text("pools: [{name: a, backend: slurm, gpu: cpu, gpus: 2}]"))
+
+
+def test_shardctl_export_kueue_and_slurm_print_what_the_renderers_render(tmp_path: Path) -> None:
+    path = tmp_path / "pools.yaml"
+    path.write_text(POOLS)
+    kueue = CliRunner().invoke(app, ["export", "kueue", "--pools", str(path)])
+    assert kueue.exit_code == 0, kueue.output
+    assert list(yaml.safe_load_all(kueue.output)) == objects()
+    slurm_only = tmp_path / "slurm.yaml"
+    slurm_only.write_text(POOLS.replace("backend: kubernetes", "backend: slurm"))
+    slurm = CliRunner().invoke(app, ["export", "slurm", "--pools", str(slurm_only)])
+    assert slurm.exit_code == 0, slurm.output
+    lines = slurm.output.splitlines()
+    assert all(line.startswith("sacctmgr -i add ") for line in lines)
+    vision = next(line for line in lines if "add account vision " in line)
+    assert "parent=research" in vision and "Fairshare=200" in vision and "GrpTRES=gres/gpu=24" in vision
+    refused = CliRunner().invoke(app, ["export", "kueue", "--pools", str(slurm_only)])
+    assert refused.exit_code == 1 and "no pool has backend kubernetes" in refused.output
