@@ -122,7 +122,9 @@ class _Cycle:
     preempting: set[str] = field(default_factory=set)
     preempt_memo: dict[tuple[str, str, int, int], int] = field(default_factory=dict)
     place_memo: dict[tuple[object, ...], tuple[int, list[_Blocked]]] = field(default_factory=dict)
-    big_enough: dict[tuple[tuple[str, str, str | None], int], list[str]] = field(default_factory=dict)
+    big_enough: dict[tuple[str, str, str | None, int], tuple[list[str], list[str], int, bool]] = field(
+        default_factory=dict)  # (backend, kind, pin, gpus) -> pools big enough, those that preempt, largest, any
+    releasing_any: bool = False
     has_lower: bool = False
     share_cache: dict[str, float] = field(default_factory=dict)
     reclaimable: dict[str, int] = field(default_factory=dict)
@@ -184,6 +186,7 @@ class _Cycle:
             if not r.preemptible:
                 if r.pool in self.releasing:
                     self.releasing[r.pool] += r.gpus
+                    self.releasing_any = True
                 self.team_releasing[key] = self.team_releasing.get(key, 0) + r.gpus
                 self.lend_releasing[r.gpu] += r.gpus
         for key, u in self.usage.items():
@@ -285,10 +288,6 @@ class _Cycle:
             if room >= g and (best is None or room < best[0]):
                 best = (room, n)
         return best[1] if best else None
-
-    def may_preempt(self, names: list[str]) -> bool:
-        """Whether any of these pools allows preemption and has not preempted in this cycle yet."""
-        return any(self.pools[n].preemption != PreemptionPolicy.NEVER and n not in self.preempting for n in names)
 
     def roomiest(self, names: list[str]) -> str:
         """The pool with the most unreserved free GPUs, ties by name (`names` is sorted)."""
@@ -586,19 +585,39 @@ def _place(c: _Cycle, j: WaitingJob, now: float, reserve_after: float,
     hit = c.place_memo.get(memo_key)
     if hit is not None and hit[0] == c.version:
         return hit[1]
-    names = c.pools_for(j)
-    size_key = ((j.backend, j.gpu, j.pool), j.gpus)
-    big_enough = c.big_enough.get(size_key)
-    if big_enough is None:
-        big_enough = c.big_enough[size_key] = [n for n in names if c.pools[n].gpus >= j.gpus]
-    if not big_enough:
+    size_key = (j.backend, j.gpu, j.pool, j.gpus)
+    fit = c.big_enough.get(size_key)
+    if fit is None:
+        names = c.pools_for(j)
+        big = [n for n in names if c.pools[n].gpus >= j.gpus]
         largest = max((c.pools[n].gpus for n in names), default=0)
-        return [_Blocked(ReasonCode.NO_MATCHING_POOL, largest, largest, "too small" if names else "none")]
-    ever = c.ever_limit(j.team, j.gpu)
+        fit = c.big_enough[size_key] = (big, [n for n in big if c.pools[n].preemption != PreemptionPolicy.NEVER],
+                                         largest, bool(names))
+    big_enough, preemptible_pools, largest, any_pool = fit
+    if not big_enough:
+        return [_Blocked(ReasonCode.NO_MATCHING_POOL, largest, largest, "too small" if any_pool else "none")]
+    ever = c.ever.get((j.team, j.gpu))
+    if ever is None:
+        ever = c.ever_limit(j.team, j.gpu)
     if j.gpus > ever:
         return [_Blocked(ReasonCode.EXCEEDS_TEAM_LIMIT, ever, ever)]
     qb = c.quota_block(j)
-    pool = c.best_pool(big_enough, j.gpus)
+    # one pass over the pools: best fit, the roomiest, and whether one fits but for reservations
+    g = j.gpus
+    free, reserved = c.free, c.reserved
+    pool: str | None = None
+    best_room = roomiest_room = -1
+    roomiest = big_enough[0]
+    fits_unreserved = False
+    for n in big_enough:
+        room = free[n] - reserved[n]
+        if room >= g:
+            if pool is None or room < best_room:
+                pool, best_room = n, room
+        elif free[n] >= g:
+            fits_unreserved = True
+        if room > roomiest_room:
+            roomiest, roomiest_room = n, room
     if qb is None and pool is not None:
         admitted.append(Admission.model_construct(job_id=j.id, pool=pool, borrowed=c.admit(j, pool)))
         return None
@@ -612,15 +631,14 @@ def _place(c: _Cycle, j: WaitingJob, now: float, reserve_after: float,
             why.append(qb)
     cap_blocked = pool is None
     if cap_blocked:
-        roomiest = c.roomiest(big_enough)
-        room = max(0, c.free[roomiest] - c.reserved[roomiest])
-        if any(c.reserved[n] for n in big_enough) and c.best_pool(big_enough, j.gpus, ignore_res=True) is not None:
+        room = max(0, roomiest_room)
+        if fits_unreserved:
             why.append(_Blocked(ReasonCode.WAITING_FOR_PRIORITY, room, c.pools[roomiest].gpus,
                                 f"pool held:{roomiest}"))
         else:
             why.append(_Blocked(ReasonCode.WAITING_FOR_CAPACITY, room, c.pools[roomiest].gpus,
                                 f"pool:{roomiest}" + (";quota" if qb else "")))
-    releasing = any(c.releasing[n] for n in big_enough) and c.best_pool(
+    releasing = c.releasing_any and any(c.releasing[n] for n in big_enough) and c.best_pool(
         big_enough, j.gpus, extra=c.releasing) is not None and c.quota_block(
         j, own_freed=c.team_releasing.get((j.team, j.gpu), 0), lend_extra=c.lend_releasing.get(j.gpu, 0)) is None
     if releasing:
@@ -628,13 +646,16 @@ def _place(c: _Cycle, j: WaitingJob, now: float, reserve_after: float,
             b.detail += ";releasing"
         c.reserve(j, big_enough, qb is not None, True)
         return why
-    got = c.try_preempt(j, big_enough) if c.may_preempt(big_enough) else None
+    got = None
+    if preemptible_pools and any(n not in c.preempting for n in preemptible_pools):
+        got = c.try_preempt(j, big_enough)
     if got is not None:
         name, victims, reason = got
         for v in victims:
             c.victims.add(v.id)
             preempted.append(Preemption.model_construct(victim=v.id, by=j.id, reason=reason))
             c.releasing[name] += v.gpus
+            c.releasing_any = True
             if v.team == j.team:
                 c.team_releasing[(j.team, j.gpu)] = c.team_releasing.get((j.team, j.gpu), 0) + v.gpus
         c.reserved[name] += min(j.gpus, max(0, c.free[name] - c.reserved[name]))
