@@ -7,15 +7,16 @@ Contract (docs/scheduling.md has the long form):
   for that GPU kind: its own `nominal`, plus up to `borrowing_limit` more taken from what others lend
   (every team's unused nominal up to its `lending_limit`, and pool capacity no team's nominal covers).
 - Order: priority (desc); then jobs that stay inside their team's nominal before jobs that borrow;
-  then fair share (lowest first, recomputed after each admission, as Kueue's heap does); then
-  `submitted_at`, then id. Fair share of a team, with the job counted:
+  then the team's fair share (lowest first, recomputed after each of its admissions, as Kueue's
+  heap does); then `submitted_at`, then id. A team's fair share:
   `max over GPU kinds k of cost_k * ((1 - blend) * borrowed_k / lendable_k + blend * past_k / past_total_k)
-  / weight` (weight 0: last).
+  / weight` (weight 0: last), where borrowed_k is its use above nominal, lendable_k the kind's total
+  lendable quota, past_k its decayed past usage (`Snapshot.usage`) and past_total_k every team's.
 - Backfill: a job that does not fit is skipped and later jobs may start, unless it has waited
   `reserve_after_s` (since submission, or since its backoff ended): then it reserves what it waits for
   (pool GPUs, its team's headroom, lendable quota) and later jobs may not take them; so every job
   that can ever fit is admitted once the jobs ahead of it in order have run.
-- Preemption (per pool: never / reclaim / lower_priority): see `_try_preempt`. A preempted job's
+- Preemption (per pool: never / reclaim / lower_priority): see `_Cycle.try_preempt`. A preempted job's
   GPUs are not free in this cycle; the preemptor reserves them, and in later cycles jobs being
   preempted or cancelled (`preemptible=False`) count as "being released", never as new victims.
 
