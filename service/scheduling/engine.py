@@ -313,11 +313,12 @@ class _Cycle:
         self.version += 1
         return max(0, u + j.gpus - q.nominal) - max(0, u - q.nominal)
 
-    def reserve(self, j: WaitingJob, names: list[str], quota_blocked: bool, capacity_blocked: bool) -> None:
-        """Hold what `j` waits for so that later jobs cannot take it (the no-starvation rule)."""
+    def reserve(self, j: WaitingJob, pool: str | None, quota_blocked: bool) -> None:
+        """Hold what `j` waits for so that later jobs cannot take it (the no-starvation rule): the
+        unreserved free GPUs of `pool` (its roomiest, when capacity blocks it) and, when quota blocks
+        it, its team's remaining headroom and the lendable quota it needs."""
         g = j.gpus
-        if capacity_blocked and names:
-            pool = self.roomiest(names)
+        if pool is not None:
             take = min(g, max(0, self.free[pool] - self.reserved[pool]))
             if take:
                 self.reserved[pool] += take
@@ -645,7 +646,7 @@ def _place(c: _Cycle, j: WaitingJob, now: float, reserve_after: float,
     if releasing:
         for b in why:
             b.detail += ";releasing"
-        c.reserve(j, big_enough, qb is not None, True)
+        c.reserve(j, c.roomiest(big_enough), qb is not None)
         return why
     got = None
     if preemptible_pools and any(n not in c.preempting for n in preemptible_pools):
@@ -663,8 +664,8 @@ def _place(c: _Cycle, j: WaitingJob, now: float, reserve_after: float,
         for b in why:
             b.detail += ";preempting"
         return why
-    if long_wait:
-        c.reserve(j, big_enough, qb is not None, cap_blocked)
+    if long_wait and ((cap_blocked and roomiest_room > 0) or qb is not None):
+        c.reserve(j, roomiest if cap_blocked and roomiest_room > 0 else None, qb is not None)
     if c.version == version:
         c.place_memo[memo_key] = (version, why)
     return why
@@ -719,8 +720,15 @@ def admit(s: Snapshot) -> Decision:
     return _run(s).decision
 
 
-def _competes(c: _Cycle, a: WaitingJob, b: WaitingJob) -> bool:
-    return a.gpu == b.gpu and bool(set(c.pools_for(a)) & set(c.pools_for(b)))
+def _competes(c: _Cycle, a: WaitingJob, b: WaitingJob, cache: dict[tuple[str, str, str | None], bool]) -> bool:
+    """Whether `a` could take a pool `b` may use (same GPU kind, a pool in common)."""
+    if a.gpu != b.gpu:
+        return False
+    key = (a.backend, a.gpu, a.pool)
+    got = cache.get(key)
+    if got is None:
+        got = cache[key] = bool(set(c.pools_for(a)) & set(c.pools_for(b)))
+    return got
 
 
 def explain(s: Snapshot, job_id: int, viewer_team: str | None) -> Explanation:
@@ -740,7 +748,8 @@ def explain(s: Snapshot, job_id: int, viewer_team: str | None) -> Explanation:
     blocked = out.blocked.get(job_id)
     ahead = out.order[:-1]
     team_pos = 1 + sum(1 for a in ahead if a.team == target.team)
-    competing = [a for a in ahead if _competes(c, a, target)]
+    overlap: dict[tuple[str, str, str | None], bool] = {}
+    competing = [a for a in ahead if _competes(c, a, target, overlap)]
     listed: list[Ahead] = []
     others_jobs = others_gpus = 0
     for a in competing:
