@@ -13,8 +13,9 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.orm import Session
 
 from service.store.models import Attempt, Job, Team, as_utc
@@ -28,7 +29,7 @@ Usage = dict[str, dict[str, float]]  # team -> GPU kind -> GPU-seconds
 def _intervals(session: Session, since: datetime, team_id: int | None) -> Iterable[tuple[str, str, int, datetime,
                                                                                          datetime | None]]:
     end = func.coalesce(Attempt.finished_at, Job.finished_at)
-    stmt = (select(Team.name, Job.gpu, Job.gpus, Attempt.started_at, end)
+    stmt = (select(Team.name, Job.gpu, Job.gpus, Attempt.started_at, end).select_from(Attempt)
             .join(Job, Job.id == Attempt.job_id).join(Team, Team.id == Job.team_id)
             .where(Attempt.started_at.is_not(None), or_(end.is_(None), end > since)))
     if team_id is not None:
@@ -66,4 +67,22 @@ def decayed_usage(session: Session, *, now: datetime, half_life_s: float) -> Usa
     return {t: dict(kinds) for t, kinds in out.items()}
 
 
-__all__ = ["Usage", "decayed_usage", "gpu_seconds"]
+def total_gpu_seconds(session: Session, *, now: datetime) -> dict[tuple[str, str], float]:
+    """GPU-seconds every attempt has used, per (team, GPU kind), summed by the database in one
+    aggregate (for `/metrics`, a counter: it only grows while rows stay)."""
+    now = as_utc(now)
+    end = func.coalesce(Attempt.finished_at, Job.finished_at)
+    seconds: ColumnElement[Any]
+    if session.get_bind().dialect.name == "postgresql":
+        seconds = func.extract("epoch", func.coalesce(end, now) - Attempt.started_at)
+    else:  # SQLite keeps UTC wall-clock text; julianday() reads it
+        stamp = now.replace(tzinfo=None).isoformat(sep=" ")
+        seconds = (func.julianday(func.coalesce(end, stamp)) - func.julianday(Attempt.started_at)) * 86400.0
+    rows = session.execute(
+        select(Team.name, Job.gpu, func.sum(Job.gpus * seconds)).select_from(Attempt)
+        .join(Job, Job.id == Attempt.job_id).join(Team, Team.id == Job.team_id)
+        .where(Attempt.started_at.is_not(None)).group_by(Team.name, Job.gpu))
+    return {(team, gpu): max(0.0, float(total or 0.0)) for team, gpu, total in rows}
+
+
+__all__ = ["Usage", "decayed_usage", "gpu_seconds", "total_gpu_seconds"]

@@ -57,6 +57,13 @@ def drive(env: Env, d: Dispatcher, admin: dict[str, str], job_id: int, until: se
     raise AssertionError(f"job {job_id} stuck in {status(env, admin, job_id)}")
 
 
+def metrics(env: Env) -> dict[str, float]:
+    """`/metrics` as {series with labels: value} (teams summed away, as by default)."""
+    text = env.client.get("/metrics").text
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line and not line.startswith("#")}
+
+
 def explain(env: Env, headers: dict[str, str], job_id: int) -> dict[str, Any]:
     r = env.client.get(f"/v1/jobs/{job_id}/explain", headers=headers)
     assert r.status_code == 200, r.text
@@ -90,6 +97,8 @@ def test_a_team_over_its_quota_waits_and_runs_after_its_first_job(env: Env, admi
     assert status(env, admin, first) == status(env, admin, second) == "SUCCEEDED"
     used = env.client.get("/v1/teams/alpha/usage", headers=members["alpha"]).json()["gpu_seconds"]
     assert used.get("cpu", 0) > 0  # the first job was seen running, so it counts
+    # both ended: the database's aggregate and the API's sum agree
+    assert abs(metrics(env)['shardctl_gpu_usage_seconds_total{gpu="cpu"}'] - used["cpu"]) < 0.01
 
 
 def test_a_team_borrows_what_an_idle_team_lends(env: Env, admin: dict[str, str], tmp_path: Path) -> None:
@@ -101,6 +110,11 @@ def test_a_team_borrows_what_an_idle_team_lends(env: Env, admin: dict[str, str],
     usage = env.client.get("/v1/teams/alpha/usage", headers=members["alpha"]).json()
     assert usage["admitted"] == {"cpu": 2} and usage["borrowed"] == {"cpu": 1}
     assert {r["code"] for r in explain(env, members["alpha"], jobs[2])["reasons"]} >= {"quota_exceeded"}
+    scraped = metrics(env)
+    assert scraped['shardctl_gpus_admitted{gpu="cpu"}'] == 2 and scraped['shardctl_gpus_borrowed{gpu="cpu"}'] == 1
+    assert scraped['shardctl_pending_gpus{gpu="cpu"}'] == 1 and scraped['shardctl_pending_jobs{gpu="cpu"}'] == 1
+    assert scraped['shardctl_gpu_quota{gpu="cpu",limit="nominal"}'] == 2  # summed over teams
+    assert scraped['shardctl_admission_wait_seconds{gpu="cpu"}'] >= 0
 
 
 def test_explain_gives_reasons_and_positions_and_names_only_the_callers_team(env: Env, admin: dict[str, str],
