@@ -11,7 +11,7 @@ them). Nothing here is stored: logs and artifacts stay where the job left them.
   (a file's byte offset, a pod log's last timestamp and how many lines carried it). A cursor from
   another attempt or a hand-made one is a `BadCursor`.
 - `ArtifactInfo`: one file under the job's output folder (checkpoints, traces, the report).
-- Errors: `OutputsUnavailable` (this backend cannot serve that, with the reason: 501/409 in the API),
+- Errors: `OutputsUnavailable` (this backend cannot serve that, with the reason: a 409 `not_available` in the API),
   `ArtifactNotFound`, `ArtifactTooLarge`, `BadArtifactPath` (a path that leaves the output folder).
 """
 
@@ -74,7 +74,7 @@ class OutputsUnavailable(OutputsError):
 
     def __init__(self, message: str, *, retry: bool = False) -> None:
         super().__init__(message)
-        self.retry = retry  # the backend did not answer: try later (503), rather than never (501)
+        self.retry = retry  # the backend did not answer: try later (503), rather than never (409)
 
 
 class BadCursor(OutputsError, ValueError):

@@ -1,7 +1,7 @@
 """How the API reads a job's logs and artifacts without importing a backend: `create_app(log_reader=...)`
 is given something that answers this protocol (the composition module, `service.cli.wiring`, passes
 `workers.backends.outputs.BackendOutputs` over the configured backends). Without one, the logs and
-artifacts routes answer 501.
+artifacts routes answer 409 `not_available`.
 
 Each method reads the backend's own files or API on demand (nothing is copied into the database) and
 raises `service.joblogs`'s errors: `OutputsUnavailable` (this backend or server cannot; `retry` when it

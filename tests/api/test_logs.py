@@ -265,4 +265,4 @@ def test_without_a_log_reader_the_routes_say_so(env: Env, admin: dict[str, str])
     job_id = submit(env, admin, "print(1)")
     for path in (f"/v1/jobs/{job_id}/logs", f"/v1/jobs/{job_id}/artifacts"):
         r = env.client.get(path, headers=admin)
-        assert r.status_code == 501 and r.json()["error"]["code"] == "not_available", r.text
+        assert r.status_code == 409 and r.json()["error"]["code"] == "not_available", r.text

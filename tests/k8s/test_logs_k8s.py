@@ -160,4 +160,4 @@ def test_through_the_api_two_ranks_merged_and_followed_to_the_end(env: Env, admi
         finisher.join()
     assert [(k, d.get("line")) for k, d in got] == [("line", "done"), ("end", None)]
     r = env.client.get(f"/v1/jobs/{job_id}/artifacts", headers=admin)
-    assert r.status_code == 501 and "not available on Kubernetes" in r.json()["error"]["message"]
+    assert r.status_code == 409 and "not available on Kubernetes" in r.json()["error"]["message"]

@@ -2,7 +2,7 @@
 and artifacts read by its own backend (`base.LogReading`), with the backends' errors in the API's words.
 
 A backend not configured on this server, or one that cannot read outputs, is `OutputsUnavailable`
-(501); `BackendUnavailable` is `OutputsUnavailable(retry=True)` (503); any other `BackendError` is
+(409 `not_available`); `BackendUnavailable` is `OutputsUnavailable(retry=True)` (503); any other `BackendError` is
 `OutputsUnavailable` with the backend's reason.
 """
 

@@ -95,8 +95,10 @@ class ArtifactList(BaseModel):
 
 ERRORS: dict[int | str, dict[str, object]] = {
     400: {"model": ErrorResponse, "description": "A cursor (or Last-Event-ID) this server did not make."},
-    404: {"model": ErrorResponse}, 501: {"model": ErrorResponse, "description": "The job's backend cannot show"
-                                         " this (not configured here, or no readable folder)."},
+    404: {"model": ErrorResponse}, 409: {"model": ErrorResponse, "description": "`not_available`: the job's"
+                                         " backend cannot show this here (not configured on this server, or"
+                                         " no folder it can read, as on Kubernetes); `too_large`: an artifact"
+                                         " over SHARDCTL_MAX_ARTIFACT_BYTES."},
     503: {"model": ErrorResponse, "description": "The backend did not answer; try again."}}
 
 
@@ -129,7 +131,7 @@ class Followers:
 def _reader(request: Request) -> LogReader:
     reader: LogReader | None = request.app.state.log_reader
     if reader is None:
-        raise ApiError(501, "not_available", "this server reads no backend logs or artifacts (it was started"
+        raise ApiError(409, "not_available", "this server reads no backend logs or artifacts (it was started"
                        " without them; `shardctl serve` wires them)")
     return reader
 
@@ -138,7 +140,7 @@ def _api_error(exc: OutputsError) -> ApiError:
     if isinstance(exc, OutputsUnavailable):
         if exc.retry:
             return ApiError(503, "unavailable", str(exc), headers={"Retry-After": "5"})
-        return ApiError(501, "not_available", str(exc))
+        return ApiError(409, "not_available", str(exc))
     if isinstance(exc, BadCursor | BadArtifactPath):
         return ApiError(400, "bad_request", str(exc))
     if isinstance(exc, ArtifactNotFound):
@@ -231,8 +233,11 @@ def get_logs(job_id: JobId, principal: Caller, db: Db, request: Request,
         except OutputsError as exc:
             raise _api_error(exc) from exc
         out += [json.dumps(_line_out(ref.attempt, line)) for line in chunk.lines]
-        inner, finished = chunk.next_cursor, chunk.finished
-        if not chunk.lines or len(out) >= limit or finished:
+        inner = chunk.next_cursor
+        if chunk.finished or (ended and not chunk.lines):  # the store said ended before the first read
+            finished = True
+            break
+        if not chunk.lines or len(out) >= limit:
             break
     next_cursor = join_cursor(ref.attempt, inner or "")
     end = LogPageEnd(next_cursor=next_cursor, finished=finished, attempt=ref.attempt)
@@ -341,8 +346,7 @@ def get_artifacts(job_id: JobId, principal: Caller, db: Db, request: Request, at
 
 
 @router.get("/{job_id}/artifacts/{path:path}", responses={
-    **ERRORS, 200: {"description": "The file's bytes.", "content": {"application/octet-stream": {}}},
-    409: {"model": ErrorResponse, "description": "Larger than SHARDCTL_MAX_ARTIFACT_BYTES."}},
+    **ERRORS, 200: {"description": "The file's bytes.", "content": {"application/octet-stream": {}}}},
     response_class=Response, summary="Download one small file the job wrote")
 def get_artifact(job_id: JobId, path: str, principal: Caller, db: Db, request: Request,
                  attempt: AttemptQ = None) -> Response:
