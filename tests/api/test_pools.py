@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import pytest
+
+from service.api.app import create_app
+from service.scheduling.detect import catalog_kind
+from service.settings import Settings
 from tests.db_fixtures import Env
 from tests.specs import tiny
 
@@ -105,3 +111,53 @@ def test_quotas_are_admin_written_and_members_read_their_own(env: Env, admin: di
     r = env.client.put("/v1/teams/alpha/quota", json={"flavors": {"cpu": {"nominal": -1}}}, headers=admin)
     assert r.status_code == 422
     assert env.client.put("/v1/teams/nobody/quota", json=quota, headers=admin).status_code == 404
+
+
+def test_what_the_machine_has_can_be_stated_instead_of_detected(env: Env, tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    app = create_app(Settings(database_url=env.url, data_dir=tmp_path, local_gpus="H100-SXM-80GB:8"),
+                     engine=env.app.state.engine)
+    with TestClient(app) as client:
+        admin = env.headers(env.token("admin"))
+        pools = client.get("/v1/pools", headers=admin).json()
+        assert [(p["name"], p["gpu"], p["gpus"], p["source"]) for p in pools] == [
+            ("local", "H100-SXM-80GB", 8, "detected")]
+        assert client.post("/v1/jobs", json=tiny(resources={"gpu": "H100-SXM-80GB", "gpus_per_node": 8}),
+                           headers=admin).status_code == 201
+        r = client.post("/v1/jobs", json=tiny(), headers=admin)  # no cpu pool on this "machine"
+        assert r.status_code == 422 and "local (H100-SXM-80GB x 8)" in r.json()["error"]["message"]
+
+
+def test_the_pools_file_is_loaded_at_start_and_replaces_what_it_loaded_before(env: Env, admin: dict[str, str],
+                                                                             tmp_path: Path) -> None:
+    from service.cli import wiring
+
+    env.client.put("/v1/pools/by-hand", json={"backend": "slurm", "gpu": "A100-SXM-80GB", "gpus": 8}, headers=admin)
+    path = tmp_path / "pools.yaml"
+    path.write_text("pools:\n  - {name: cpu-a, backend: local, gpu: cpu, gpus: 2}\n"
+                    "  - {name: h100, backend: slurm, gpu: H100-SXM-80GB, gpus: 64, partition: gpu}\n"
+                    "teams:\n  vision: {weight: 2, flavors: {H100-SXM-80GB: {nominal: 16}}}\n")
+    settings = Settings(database_url=env.url, data_dir=tmp_path, pools_file=path)
+    wiring.load_pools(settings, env.app.state.sessions)
+    pools = {p["name"]: p["source"] for p in env.client.get("/v1/pools", headers=admin).json()}
+    assert pools == {"by-hand": "api", "cpu-a": "file", "h100": "file"}  # a declared local pool: none detected
+    quota = env.client.get("/v1/teams/vision/quota", headers=admin).json()
+    assert quota["declared"] and quota["quota"]["flavors"]["H100-SXM-80GB"]["nominal"] == 16
+    path.write_text("pools:\n  - {name: cpu-a, backend: local, gpu: cpu, gpus: 1}\n")
+    wiring.load_pools(settings, env.app.state.sessions)
+    pools = {p["name"]: (p["source"], p["gpus"]) for p in env.client.get("/v1/pools", headers=admin).json()}
+    assert pools == {"by-hand": ("api", 8), "cpu-a": ("file", 1)}
+    path.write_text("pools:\n  - {name: cpu-a, backend: local, gpu: cpu, gpus: 0}\n")
+    with pytest.raises(ValueError, match="gpus"):
+        wiring.load_pools(settings, env.app.state.sessions)
+
+
+@pytest.mark.parametrize(("name", "mib", "kind"), [
+    ("NVIDIA H100 80GB HBM3", 81559, "H100-SXM-80GB"), ("NVIDIA H100 PCIe", 81559, "H100-PCIe-80GB"),
+    ("NVIDIA H200", 143771, "H200-SXM-141GB"), ("NVIDIA A100-SXM4-40GB", 40960, "A100-SXM-40GB"),
+    ("NVIDIA A100-SXM4-80GB", 81920, "A100-SXM-80GB"), ("NVIDIA L40S", 46068, "L40S-48GB"),
+    ("NVIDIA GeForce RTX 4090", 24564, "RTX-4090"),
+])
+def test_nvidia_smi_names_map_to_the_gpu_catalog(name: str, mib: int, kind: str) -> None:
+    assert catalog_kind(name, mib) == kind
