@@ -126,6 +126,9 @@ class _Cycle:
     big_enough: dict[tuple[str, str, str | None, int], tuple[list[str], list[str], int, bool]] = field(
         default_factory=dict)  # (backend, kind, pin, gpus) -> pools big enough, those that preempt, largest, any
     releasing_any: bool = False
+    group_nominal: dict[tuple[str, str], int] = field(default_factory=dict)  # (group, kind)
+    group_usage: dict[tuple[str, str], int] = field(default_factory=dict)
+    start_group_borrow: dict[tuple[str, str], int] = field(default_factory=dict)
     has_lower: bool = False
     share_cache: dict[str, float] = field(default_factory=dict)
     reclaimable: dict[str, int] = field(default_factory=dict)
@@ -193,6 +196,18 @@ class _Cycle:
         for key, u in self.usage.items():
             q = self.quotas.get(key, _NO_QUOTA)
             self.start_borrow[key] = max(0, u - q.nominal)
+        for tq in s.quotas.values():
+            if tq.group:
+                for k, fq in tq.flavors.items():
+                    gk = (tq.group, k)
+                    self.group_nominal[gk] = self.group_nominal.get(gk, 0) + fq.nominal
+        for (team, k), u in self.usage.items():
+            group = self._group(team)
+            if not group.startswith("team:"):
+                gk = (group, k)
+                self.group_usage[gk] = self.group_usage.get(gk, 0) + u
+        for gk, u in self.group_usage.items():
+            self.start_group_borrow[gk] = max(0, u - self.group_nominal.get(gk, 0))
         totals: dict[str, float] = {}
         for team_usage in s.usage.values():
             for k, v in team_usage.items():
@@ -306,6 +321,10 @@ class _Cycle:
         self.free[pool] -= j.gpus
         self.free_lend[j.gpu] += q.contrib(u + j.gpus) - q.contrib(u)
         self.usage[key] = u + j.gpus
+        tq = self.s.quotas.get(j.team)
+        if tq is not None and tq.group:
+            gk = (tq.group, j.gpu)
+            self.group_usage[gk] = self.group_usage.get(gk, 0) + j.gpus
         vals = self.team_vals.get(j.team)
         if vals is not None:
             vals[j.gpu] = self._value(j.team, j.gpu, u + j.gpus)
@@ -367,9 +386,12 @@ class _Cycle:
         """Victims that make `j` fit in one of `names`, or None (then nothing is preempted).
 
         Rules: a team that stays within its nominal quota with `j` reclaims from jobs of teams that
-        borrow this GPU kind (pools with policy reclaim or lower_priority); in lower_priority pools a
-        job also preempts its own team's lower-priority jobs. Never a job younger than
-        `min_runtime_s`, one already being preempted or cancelled, or one chosen for another job; at
+        borrow this GPU kind (pools with policy reclaim or lower_priority); a team whose group stays
+        within the group's nominal quota reclaims from borrowing teams of other groups that hold
+        more than their group's nominal (or ungrouped borrowers): unused quota is lent inside a group
+        first; in lower_priority pools a job also preempts its own team's lower-priority jobs. Never
+        a job younger than `min_runtime_s`, one already being preempted or cancelled, or one chosen
+        for another job; at
         most one job preempts per pool per cycle (victims are chosen against a settled state).
         Order: borrowers outside the preemptor's group first (lending stays inside the group first),
         then least work lost since the last checkpoint, biggest borrower, lowest priority, newest id.
@@ -377,23 +399,26 @@ class _Cycle:
         q = self.quota(j.team, j.gpu)
         u = self.usage.get((j.team, j.gpu), 0)
         within_nominal = u + self.team_res.get((j.team, j.gpu), 0) + j.gpus <= q.nominal
-        if not within_nominal and not any(self.pools[n].preemption == PreemptionPolicy.LOWER_PRIORITY
-                                          for n in names):
-            return None
         group = self._group(j.team)
+        gk = (group, j.gpu)
+        within_group = not within_nominal and gk in self.group_nominal and (
+            self.group_usage.get(gk, 0) + j.gpus <= self.group_nominal[gk])
+        reclaims = within_nominal or within_group
+        if not reclaims and not any(self.pools[n].preemption == PreemptionPolicy.LOWER_PRIORITY for n in names):
+            return None
         for name in sorted(names, key=lambda n: (-(self.free[n] - self.reserved[n]), n)):
             pool = self.pools[name]
             if pool.preemption == PreemptionPolicy.NEVER or name in self.preempting:
                 continue
             lower = pool.preemption == PreemptionPolicy.LOWER_PRIORITY
-            if not within_nominal and not lower:
+            if not reclaims and not lower:
                 continue
-            if not self._may_free_enough(j, name, lower, within_nominal):
+            if not self._may_free_enough(j, name, lower, reclaims):
                 continue
             memo = (name, j.team, j.gpus, j.priority if lower else 0)
             if self.preempt_memo.get(memo) == self.version:
                 continue
-            got = self._victims_in(j, name, lower, within_nominal, group)
+            got = self._victims_in(j, name, lower, within_nominal, within_group, group)
             if got is None:
                 self.preempt_memo[memo] = self.version
                 continue
@@ -402,9 +427,13 @@ class _Cycle:
             if rules == {"priority"}:
                 why = (f"priority: job {j.id} (priority {j.priority}) of team {j.team} preempts lower-priority"
                        f" jobs of its own team in pool {name}")
-            else:
+            elif within_nominal:
                 why = (f"reclaim: team {j.team} takes back its nominal {j.gpu} quota ({q.nominal}) from"
                        f" borrowing team(s) {', '.join(t for t in teams if t != j.team)} in pool {name}")
+            else:
+                why = (f"reclaim: team {j.team} of group {group} takes back the group's {j.gpu} quota"
+                       f" ({self.group_nominal[gk]}) lent outside it, from team(s)"
+                       f" {', '.join(t for t in teams if t != j.team)} in pool {name}")
             self.preempting.add(name)
             self.reclaimable.pop(name, None)
             self.version += 1
@@ -440,7 +469,7 @@ class _Cycle:
                 rows.sort(key=lambda row: row[0].priority)
         return by_team.get(team, [])
 
-    def _victims_in(self, j: WaitingJob, name: str, lower: bool, within_nominal: bool,
+    def _victims_in(self, j: WaitingJob, name: str, lower: bool, within_nominal: bool, within_group: bool,
                     group: str) -> tuple[list[RunningJob], set[str]] | None:
         room = self.free[name] - self.reserved[name] + self.releasing[name]
         own_release = self.team_releasing.get((j.team, j.gpu), 0)
@@ -453,7 +482,9 @@ class _Cycle:
                 if r.team == j.team:
                     if lower and r.priority < j.priority:
                         eligible.append((r, "priority"))
-                elif within_nominal and borrow > 0:
+                elif borrow > 0 and (within_nominal or (
+                        within_group and g != group and (
+                            g.startswith("team:") or self.start_group_borrow.get((g, r.gpu), 0) > 0))):
                     eligible.append((r, "reclaim"))
         if not eligible:
             return None

@@ -233,6 +233,21 @@ def test_reclaim_takes_from_borrowers_outside_the_group_first() -> None:
     assert [p.victim for p in admit(s).preempted] == [11]
 
 
+def test_a_group_takes_back_quota_lent_outside_it_before_its_own_members_borrow_elsewhere() -> None:
+    # a (org x) lends its idle 4 GPUs; c (org y, nominal 0) borrows them; b (org x, nominal 0) now wants 2:
+    # org x holds 4 of its 8, so b reclaims from c although b itself owns nothing
+    def quotas(b_group: str | None) -> dict[str, TeamQuota]:
+        return {"a": quota(4, group="x"), "d": quota(4, group="x"), "b": quota(0, group=b_group),
+                "c": quota(0, group="y")}
+    running = [run(10, "c", 2, checkpoint=NOW - 100), run(11, "c", 2, checkpoint=NOW - 50), run(12, "d", 4)]
+    s = snap([pool(gpus=8)], quotas("x"), running=running, waiting=[wait(1, "b", 2)])
+    d = admit(s)
+    assert [p.victim for p in d.preempted] == [11]
+    assert d.preempted[0].reason.startswith("reclaim: team b of group x") and "c" in d.preempted[0].reason
+    outsider = admit(s.model_copy(update={"quotas": quotas(None)}))
+    assert outsider.preempted == []  # an ungrouped borrower has no claim on org x's quota
+
+
 # -- explain and eta -------------------------------------------------------------------------------------
 
 def _queue() -> Snapshot:
