@@ -21,6 +21,7 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.api.errors import ApiError
+from service.api.scheduling_metrics import SchedulingCollector
 from service.observability import counters
 from service.observability import exposition as shown
 from service.observability.exposition import TEAM_LABEL, WithoutTeams
@@ -98,6 +99,7 @@ def make_metrics(sessions: sessionmaker[Session], *, team_labels: bool = False) 
     registry = CollectorRegistry()
     registry.register(JobsCollector(sessions))
     registry.register(QueueLagCollector(sessions, team_labels=team_labels))
+    registry.register(SchedulingCollector(sessions, team_labels=team_labels))  # shared GPUs (issue 12)
     registry.register(counters.REGISTRY)
     return Metrics(
         registry=registry,

@@ -21,9 +21,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.api.errors import INVALID_SPEC, ApiError
 from service.api.schemas import ErrorField
 from service.planner import Deadline, Plan, SearchBudgetExceeded, plan
+from service.scheduling.model import TeamQuota
 from service.settings import Settings
 from service.spec import TrainingSpec
 from service.store.jobs import NewJob, body_hash, create_job, find_idempotent, idempotency_scope
+from service.store.models import Team
+from service.store.pools import effective_pools, managed, matching
+from service.store.quotas import max_priority
 from service.store.tokens import Principal, ensure_team, team_by_name
 from service.store.vocab import Role
 
@@ -152,13 +156,55 @@ def check_backend(spec: TrainingSpec, configured: Collection[str] | None) -> Non
                    details={"configured_backends": sorted(configured)})
 
 
+def check_priority(session: Session, principal: Principal, team: Team | None, priority: int) -> None:
+    """403 naming the limit when a member sets a priority above the team's `max_priority` (the
+    `TeamQuota` default when the team has no quota declared). Admins set any."""
+    if principal.role != Role.MEMBER:
+        return
+    declared = max_priority(session, team) if team is not None else None
+    limit = declared if declared is not None else TeamQuota().max_priority
+    if priority > limit:
+        raise ApiError(403, "priority_over_limit", f"priority {priority} is above team"
+                       f" {team.name if team else DEFAULT_TEAM!r}'s limit of {limit}; set priority to {limit} or"
+                       " less, or ask an admin (PUT /v1/teams/{team}/quota max_priority)",
+                       fields=[ErrorField(loc="priority", message=f"at most {limit} for this team")],
+                       details={"priority": priority, "max_priority": limit})
+
+
+def check_pools(session: Session, spec: TrainingSpec, planned: Plan, local_gpus: str | None) -> None:
+    """422 when the backend's pools cannot run the plan: no pool of its GPU kind (naming the pools that
+    exist, field `resources.gpu`), or more GPUs than the largest such pool holds (with its size). A
+    backend without any pool is not managed by admission and is not checked."""
+    pools = effective_pools(session, local_gpus)
+    backend = spec.backend.kind
+    if not managed(pools, backend):
+        return
+    found = matching(pools, backend, planned.gpu)
+    if not found:
+        theirs = [p.pool for p in pools if p.pool.backend == backend]
+        names = ", ".join(f"{p.name} ({p.gpu} x {p.gpus})" for p in theirs)
+        message = (f"no pool of backend {backend!r} has GPU kind {planned.gpu!r}; its pools: {names}. Set"
+                   " resources.gpu to one of those kinds, or ask an admin to declare a pool (PUT /v1/pools/{name})")
+        raise ApiError(422, INVALID_SPEC, message, fields=[ErrorField(loc="resources.gpu", message=message)],
+                       details={"pools": [p.model_dump(mode="json") for p in theirs]})
+    largest = found[0]
+    if planned.world_size > largest.gpus:
+        message = (f"the plan needs {planned.world_size} {planned.gpu} GPUs, more than the largest pool of that"
+                   f" kind holds: {largest.name} has {largest.gpus}. Ask for {largest.gpus} or fewer")
+        raise ApiError(422, INVALID_SPEC, message, fields=[ErrorField(loc="resources", message=message)],
+                       details={"pool": largest.name, "pool_gpus": largest.gpus, "needs": planned.world_size})
+
+
 def submit(db: sessionmaker[Session], principal: Principal, spec: TrainingSpec,
-           idempotency_key: str | None, configured: Collection[str] | None, planner: PlanRunner) -> tuple[int, bool]:
+           idempotency_key: str | None, configured: Collection[str] | None, planner: PlanRunner,
+           *, local_gpus: str | None = None) -> tuple[int, bool]:
     """Plan and queue `spec`. Returns (job id, created); created is False for an idempotent replay.
 
-    Raises `ApiError` 403 when a member names another team, 422 when the spec's backend is not
-    configured or no layout fits (with the planner's reasons and the smallest GPU count that would
-    fit) or its search runs past `planner`'s budget,
+    Raises `ApiError` 403 when a member names another team or sets a priority above the team's
+    `max_priority`, 422 when the spec's backend is not configured or no layout fits (with the
+    planner's reasons and the smallest GPU count that would fit) or its search runs past `planner`'s
+    budget, or no pool of the backend has its GPU kind or the largest one is too small
+    (`local_gpus`: SHARDCTL_LOCAL_GPUS, what the local machine has instead of detecting it),
     503 when every planning thread is busy, `Conflict` when the key was used with a different body.
     """
     check_backend(spec, configured)
@@ -180,11 +226,17 @@ def submit(db: sessionmaker[Session], principal: Principal, spec: TrainingSpec,
             if earlier is not None:
                 return earlier.id, False
 
+    if principal.role == Role.MEMBER:
+        with db.begin() as session:
+            check_priority(session, principal, session.get(Team, principal.team_id) if principal.team_id else None,
+                           spec.priority)
     result = cached_plan(spec, planner)
     if not result.fits:
         raise ApiError(422, "does_not_fit", "no layout fits: " + "; ".join(result.reasons),
                        details={"reasons": result.reasons, "min_gpus_to_fit": result.min_gpus_to_fit,
                                 "closest": result.model_dump(mode="json")})
+    with db.begin() as session:
+        check_pools(session, spec, result, local_gpus)
     stored_spec = spec.model_copy(update={"team": team_name})
     try:
         with db.begin() as session:

@@ -73,3 +73,6 @@ class Explanation(BaseModel):
     ahead_other_teams: dict[str, int] = Field(default_factory=dict,
                                               description='Others counted, never named: {"jobs": n, "gpus": n}.')
     eta: Eta | None = None
+    pool: str | None = Field(None, description="The pool it was admitted to, once admitted.")
+    note: str | None = Field(None, description="For a job that does not wait for admission: what it does instead"
+                             " (running, finished, left to the backend's own scheduler).")

@@ -65,7 +65,9 @@ def create_job(session: Session, new: NewJob, *, actor: str, idempotency: tuple[
     spec, plan = new.spec, new.plan
     job = Job(name=spec.name, team_id=new.team.id, status=JobStatus.QUEUED, backend=spec.backend.kind,
               priority=spec.priority, spec=spec, plan=plan, created_by=actor,
-              layout=plan.layout.short()[:200], predicted_step_s=plan.time.step_s)
+              layout=plan.layout.short()[:200], predicted_step_s=plan.time.step_s,
+              gpu=plan.gpu, gpus=plan.world_size,
+              predicted_s=plan.time.step_s * plan.training.steps if plan.training is not None else None)
     session.add(job)
     session.flush()
     add_event(session, job, actor=actor, kind=EventKind.status(JobStatus.QUEUED), message="planned and queued",

@@ -65,6 +65,8 @@ def transition(session: Session, job: Job, to: JobStatus, *, actor: str, message
     job.updated_at = now
     if to in TERMINAL:
         job.finished_at = now
+    if to == S.QUEUED:  # back in the queue (a retry, a preemption): it gives up its admission, keeps its place
+        job.pool = job.admitted_at = None
     # One log line and the job metrics, when this transaction commits (service.observability.transitions).
     record_transition(session, job, current, actor=actor, message=message, data=data or {})
     return add_event(session, job, actor=actor, kind=EventKind.status(to), message=message,

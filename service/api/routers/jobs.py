@@ -83,7 +83,7 @@ def create_job(spec: TrainingSpec, principal: Person, db: Db, request: Request,
     """201 with the new job; 200 with the first job when the same `Idempotency-Key` and body come
     again; 409 when the key comes with a different body; 422 when no layout fits."""
     job_id, created = submit(db, principal, spec, idempotency_key, request.app.state.configured_backends,
-                             request.app.state.planner)
+                             request.app.state.planner, local_gpus=request.app.state.settings.local_gpus)
     with db.begin() as session:
         out = job_out(session, visible_job(session, principal, job_id, detail=True))
         response = rendered(out, 201 if created else 200)
