@@ -266,3 +266,33 @@ def test_without_a_log_reader_the_routes_say_so(env: Env, admin: dict[str, str])
     for path in (f"/v1/jobs/{job_id}/logs", f"/v1/jobs/{job_id}/artifacts"):
         r = env.client.get(path, headers=admin)
         assert r.status_code == 409 and r.json()["error"]["code"] == "not_available", r.text
+
+
+def test_a_revoked_tokens_follow_ends_and_gives_its_slot_back(logs_env: Env) -> None:
+    env = logs_env
+    admin = env.headers(env.token("admin"))
+    member = env.token("member", team="alpha")
+    job_id = submit(env, env.headers(member), TWO_RANKS)  # queued: the follower waits for an attempt
+    with LiveServer(env.app) as url, httpx.Client(base_url=url, timeout=30) as http:
+        with http.stream("GET", f"/v1/jobs/{job_id}/logs", params={"follow": "true"},
+                         headers=env.headers(member)) as r:
+            events = sse_events(r, until="error", deadline_s=20)
+            assert "comment" in next(events)  # a heartbeat: the stream is open and idle
+            assert http.post(f"/v1/tokens/{member.split('_')[1]}/revoke", headers=admin).status_code == 200
+            last = [e for e in events if "comment" not in e][-1]
+        assert last["event"] == "error" and last["data"]["error"]["code"] == "unauthorized"
+    deadline = time.monotonic() + 10
+    while env.app.state.log_followers.open and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert env.app.state.log_followers.open == 0
+
+
+def test_a_single_process_jobs_output_is_rank_0(logs_env: Env, tmp_path: Path) -> None:
+    env = logs_env
+    admin = env.headers(env.token("admin"))
+    code = "import sys\nprint('alone')\nprint('oops', file=sys.stderr)\nprint('no newline', end='')"
+    job_id = submit(env, admin, code, resources={"gpus_per_node": 1})  # one process: no torchrun, so no rank prefix
+    assert run_to_end(env, tmp_path, job_id, admin) == "SUCCEEDED"
+    lines, end = page(env, job_id, admin)
+    assert [(x["rank"], x["line"]) for x in lines] == [(0, "alone"), (0, "oops"), (0, "no newline")]
+    assert end["finished"] is True
