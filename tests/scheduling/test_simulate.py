@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from service.cli.main import app
@@ -106,3 +108,38 @@ def test_shardctl_simulate_names_the_bad_field(tmp_path: Path) -> None:
     assert "jobs.0.duration_s" in out.output
     missing = CliRunner().invoke(app, ["simulate", str(tmp_path / "absent.yaml")])
     assert missing.exit_code == 3
+
+
+@st.composite
+def traces(draw: st.DrawFn) -> Trace:
+    kinds = ["H100-SXM-80GB", "L40S-48GB"]
+    pools: list[dict[str, Any]] = [
+             {"name": f"p{i}", "backend": "local", "gpu": kinds[i % 2], "gpus": draw(st.integers(1, 8)),
+              "preemption": draw(st.sampled_from(["never", "reclaim", "lower_priority"]))}
+             for i in range(draw(st.integers(1, 3)))]
+    used = sorted({str(p["gpu"]) for p in pools})
+    teams = {t: {"weight": draw(st.sampled_from([0, 1, 2])), "group": draw(st.sampled_from([None, "x", "y"])),
+                 "flavors": {k: {"nominal": draw(st.integers(0, 4)),
+                                 "borrowing_limit": draw(st.one_of(st.none(), st.integers(0, 4))),
+                                 "lending_limit": draw(st.one_of(st.none(), st.integers(0, 4)))}
+                             for k in used if draw(st.booleans())}}
+             for t in ["a", "b", "c"][:draw(st.integers(1, 3))]}
+    jobs = [{"team": draw(st.sampled_from(list(teams))), "gpus": draw(st.integers(1, 8)),
+             "gpu": draw(st.sampled_from(used)), "duration_s": draw(st.integers(100, 5000)),
+             "submit_s": draw(st.integers(0, 5000)), "priority": draw(st.integers(0, 2)),
+             "count": draw(st.integers(1, 5)), "every_s": draw(st.integers(0, 500))}
+            for _ in range(draw(st.integers(1, 8)))]
+    return Trace.model_validate({"pools": pools, "teams": teams, "jobs": jobs, "settings": {
+        "min_runtime_s": draw(st.sampled_from([0, 300])), "reserve_after_s": draw(st.sampled_from([0, 900])),
+        "preempt_grace_s": draw(st.sampled_from([0, 30])), "checkpoint_every_s": 200}})
+
+
+@settings(max_examples=80, deadline=None)
+@given(traces())
+def test_any_trace_ends_loses_no_job_and_replays_identically(t: Trace) -> None:
+    first = simulate(t, keep_log=True)
+    again = simulate(t, keep_log=True)
+    assert first.log == again.log and first.digest == again.digest
+    finished = sum(r.finished for r in first.teams.values())
+    assert finished + len(first.never_started) == len(first.submitted)  # no started job is lost
+    assert all(r.share >= 0 for r in first.teams.values())
