@@ -164,14 +164,35 @@ def job_view(job: Job, team: str) -> dict[str, Any]:
             "backend": str(job.backend), "priority": job.priority}
 
 
+_SUBSCRIPTIONS = "shardctl.webhook_subscriptions"
+
+
+def _live_subscriptions(session: Session, team_id: int) -> list[tuple[int, list[str]]]:
+    """(id, event patterns) of the live subscriptions that get `team_id`'s events: read once per
+    transaction and team, then kept for the rest of that transaction (one often writes several events:
+    a job that went from PENDING to SUCCEEDED between two polls, a submission and its note). Never across
+    transactions: a subscription made or deleted in another process
+    counts from the next transaction on."""
+    transaction = session.get_transaction()
+    cached = session.info.get(_SUBSCRIPTIONS)
+    if cached is None or cached[0] is not transaction:
+        cached = (transaction, {})
+        session.info[_SUBSCRIPTIONS] = cached
+    by_team: dict[int, list[tuple[int, list[str]]]] = cached[1]
+    if team_id not in by_team:
+        rows = session.execute(select(Webhook.id, Webhook.events).where(
+            Webhook.deleted_at.is_(None), Webhook.disabled_at.is_(None),
+            or_(Webhook.team_id.is_(None), Webhook.team_id == team_id))).all()
+        by_team[team_id] = [(webhook_id, list(patterns or [])) for webhook_id, patterns in rows]
+    return by_team[team_id]
+
+
 def enqueue(session: Session, job: Job, event: Event) -> int:
     """One pending outbox row per live subscription `event` matches (the job's team's and every
     team's), in the caller's transaction; returns how many. The body is fixed here, so every
     attempt sends what was true when the event was written. Flushes only when something matches."""
-    rows = session.execute(select(Webhook.id, Webhook.events).where(
-        Webhook.deleted_at.is_(None), Webhook.disabled_at.is_(None),
-        or_(Webhook.team_id.is_(None), Webhook.team_id == job.team_id))).all()
-    wanted = [webhook_id for webhook_id, patterns in rows if matches(list(patterns or []), event.kind)]
+    wanted = [webhook_id for webhook_id, patterns in _live_subscriptions(session, job.team_id)
+              if matches(patterns, event.kind)]
     if not wanted:
         return 0
     session.flush()  # the event's id and time, which the body carries
