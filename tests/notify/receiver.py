@@ -14,6 +14,10 @@ from typing import Any
 
 from service.notify.signing import verify
 
+#: A scripted "status" that makes the receiver hang for HANG_S seconds before it answers.
+HANG = -1
+HANG_S = 3.0
+
 
 @dataclass
 class Received:
@@ -66,6 +70,9 @@ def receiver(script: list[int | tuple[int, dict[str, str]]] | None = None) -> It
                 rec.got.append(Received({k.lower(): v for k, v in self.headers.items()}, body))
                 answer = rec.script.pop(0) if rec.script else 200
             status, headers = answer if isinstance(answer, tuple) else (answer, {})
+            if status == HANG:  # a receiver that does not answer in time: hold the request, then answer 200
+                time.sleep(HANG_S)
+                status = 200
             reply = json.dumps({"answered": status}).encode()
             self.send_response(status)
             for name, value in headers.items():

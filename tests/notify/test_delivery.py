@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -15,8 +17,8 @@ from sqlalchemy import select
 from service.store.models import Event
 from service.store.notify_models import OutboxEntry, OutboxState
 from tests.db_fixtures import Env
-from tests.notify.helpers import deliveries, notifier, pump, submit, subscribe
-from tests.notify.receiver import receiver
+from tests.notify.helpers import deliveries, notifier, pending, pump, submit, subscribe
+from tests.notify.receiver import HANG, receiver
 from workers.dispatcher import FAILPOINT_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -200,3 +202,40 @@ def test_a_delivery_worker_killed_before_sending_delivers_after_its_lease_runs_o
     [got] = rec.got
     assert got.signed_by(hook["secret"]) and got.event_id == str(_event_id(env, job_id, "job.cancelled"))
     assert [d["attempt"] for d in deliveries(env, admin, hook["id"])] == [2]
+
+
+def test_a_receiver_that_hangs_times_out_and_is_tried_again(env: Env, admin: dict[str, str]) -> None:
+    with receiver([HANG]) as rec:
+        hook = subscribe(env, admin, rec.url, ["job.queued"])
+        submit(env, admin)
+        pump(notifier(env, timeout_s=0.3), env, rec, 2)
+    assert len({r.event_id for r in rec.got}) == 1
+    second, first = deliveries(env, admin, hook["id"])
+    assert first["outcome"] == "retrying" and first["status_code"] is None and "timed out" in first["error"]
+    assert second["outcome"] == "delivered"
+
+
+def test_two_delivery_workers_never_send_the_same_attempt(env: Env, admin: dict[str, str]) -> None:
+    """Two workers (as in two dispatcher replicas) drain one outbox at once: each event arrives once,
+    as attempt 1 (PostgreSQL: FOR UPDATE SKIP LOCKED; SQLite: one writer at a time)."""
+    with receiver() as rec:
+        subscribe(env, admin, rec.url, ["job.queued"])
+        jobs = [submit(env, admin, name=f"j{i}") for i in range(30)]
+        workers = [notifier(env, concurrency=4), notifier(env, concurrency=4)]
+        workers[1].config.owner += "-replica"
+        stop = threading.Event()
+        threads = [threading.Thread(target=w.run_forever, args=(stop, 0.01)) for w in workers]
+        for t in threads:
+            t.start()
+        try:
+            got = rec.wait_for(30)
+            deadline = time.monotonic() + 30
+            while pending(env) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=30)
+    assert sorted(r.json["job"]["id"] for r in got) == sorted(jobs) and len(rec.got) == 30
+    with env.app.state.sessions.begin() as session:
+        assert {row.attempts for row in session.scalars(select(OutboxEntry))} == {1}
