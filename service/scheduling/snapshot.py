@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import String, and_, or_, select, type_coerce
 from sqlalchemy.orm import Session
 
 from service.scheduling.model import FlavorQuota, Pool, TeamQuota
@@ -73,20 +73,26 @@ def undeclared_quota(pools: Iterable[Pool]) -> TeamQuota:
 
 
 def waiting_jobs(session: Session, backends: list[str], now: datetime) -> list[WaitingJob]:
-    """QUEUED jobs of the managed `backends` that hold no admission, by id."""
-    rows = session.execute(
-        select(Job.id, Team.name, Job.backend, Job.gpu, Job.gpus, Job.priority, Job.created_at, Job.predicted_s,
-               Job.lease_owner, Job.lease_expires_at)
-        .join(Team, Team.id == Job.team_id)
-        .where(Job.status == S.QUEUED, Job.pool.is_(None), Job.backend.in_(backends))
-        .order_by(Job.id))
+    """QUEUED jobs of the managed `backends` that hold no admission, by id. Read with a Core query (no
+    ORM rows: a queue of 10,000 is one pass over narrow tuples) and built without re-validation: every
+    value comes from a checked column."""
+    job_table, team_table = Job.__table__, Team.__table__
+    jobs, teams = job_table.c, team_table.c
+    rows = session.connection().execute(
+        select(jobs.id, teams.name, type_coerce(jobs.backend, String), jobs.gpu, jobs.gpus, jobs.priority,
+               jobs.created_at, jobs.predicted_s, jobs.lease_owner, jobs.lease_expires_at)
+        .select_from(job_table).join(team_table, teams.id == jobs.team_id)
+        .where(jobs.status == S.QUEUED.value, jobs.pool.is_(None), type_coerce(jobs.backend, String).in_(backends))
+        .order_by(jobs.id))
     out = []
+    now_ts = now.timestamp()
     for job_id, team, backend, gpu, gpus, priority, created, predicted, owner, lease in rows:
         # A retry waiting out its backoff: no owner, a lease expiry in the future.
-        backoff = _ts(lease) if owner is None and lease is not None and as_utc(lease) > now else None
-        out.append(WaitingJob(id=job_id, team=team, backend=str(backend), gpu=gpu, gpus=max(1, gpus),
-                              priority=priority, submitted_at=as_utc(created).timestamp(), predicted_s=predicted,
-                              not_before=backoff))
+        lease_ts = _ts(lease)
+        backoff = lease_ts if owner is None and lease_ts is not None and lease_ts > now_ts else None
+        out.append(WaitingJob.model_construct(
+            id=job_id, team=team, backend=backend, gpu=gpu, gpus=max(1, gpus), priority=priority,
+            submitted_at=as_utc(created).timestamp(), pool=None, predicted_s=predicted, not_before=backoff))
     return out
 
 
