@@ -820,11 +820,12 @@ def eta(s: Snapshot, job_id: int) -> Eta:
 
 
 def _eta_from(s: Snapshot, out: _Outcome, target: WaitingJob) -> Eta:
-    """Simulate the target's GPU kind forward: running jobs end after `remaining_s`, the jobs ahead of
-    it (in this cycle's admission order) start in that order as soon as a pool and their team's quota
-    have room, each running `predicted_s`. Run twice: earliest with known durations shortened by
-    ETA_TOLERANCE and unknown ones taken as 0, latest lengthened by it and unknown ones taken as
-    `s.eta_unknown_s`. Preemption and later arrivals are not simulated."""
+    """Simulate the target's pools forward: running jobs end after `remaining_s`, the jobs ahead of
+    it (in this cycle's admission order) that compete for its pools, or are its own team's, start in
+    that order as soon as a pool and their team's quota have room, each running `predicted_s`. Run
+    twice: earliest with known durations shortened by ETA_TOLERANCE and unknown ones taken as 0,
+    latest lengthened by it and unknown ones taken as `s.eta_unknown_s`. Preemption and later
+    arrivals are not simulated."""
     c = out.cycle
     blocked = out.blocked.get(target.id)
     if blocked is None:
@@ -832,12 +833,18 @@ def _eta_from(s: Snapshot, out: _Outcome, target: WaitingJob) -> Eta:
     codes = {b.code for b in blocked}
     if codes & {ReasonCode.NO_MATCHING_POOL, ReasonCode.EXCEEDS_TEAM_LIMIT}:
         return Eta(earliest_s=None, latest_s=None, method="never, as things stand: it can never fit (see reasons)")
-    ahead = [a for a in out.order[:-1] if a.gpu == target.gpu and a.id in out.blocked and not (
-        {b.code for b in out.blocked[a.id]} & {ReasonCode.NO_MATCHING_POOL, ReasonCode.EXCEEDS_TEAM_LIMIT,
-                                               ReasonCode.BACKOFF})]
+    mine = set(c.pools_for(target))
+    overlap: dict[tuple[str, str, str | None], bool] = {}
+    never = {ReasonCode.NO_MATCHING_POOL, ReasonCode.EXCEEDS_TEAM_LIMIT, ReasonCode.BACKOFF}
+
+    def relevant(a: WaitingJob) -> bool:  # it competes for the target's pools, or is its team's
+        return a.team == target.team or _competes(c, a, target, overlap)
+
+    ahead = [a for a in out.order[:-1] if a.gpu == target.gpu and a.id in out.blocked and relevant(a) and not (
+        {b.code for b in out.blocked[a.id]} & never)]
     admitted_ids = {a.job_id: a.pool for a in out.decision.admitted}
-    starting = [a for a in out.order if a.id in admitted_ids and a.gpu == target.gpu]
-    running = [r for r in s.running if r.gpu == target.gpu]
+    starting = [a for a in out.order if a.id in admitted_ids and a.gpu == target.gpu and relevant(a)]
+    running = [r for r in s.running if r.gpu == target.gpu and (r.pool in mine or r.team == target.team)]
     unknown = sum(1 for r in running if r.remaining_s is None) + sum(
         1 for a in (*ahead, *starting) if a.predicted_s is None)
     results = []
