@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -239,3 +240,30 @@ def test_two_delivery_workers_never_send_the_same_attempt(env: Env, admin: dict[
     assert sorted(r.json["job"]["id"] for r in got) == sorted(jobs) and len(rec.got) == 30
     with env.app.state.sessions.begin() as session:
         assert {row.attempts for row in session.scalars(select(OutboxEntry))} == {1}
+
+
+def test_a_retry_after_is_honoured(env: Env, admin: dict[str, str]) -> None:
+    with receiver([(429, {"Retry-After": "3600"})]) as rec:
+        hook = subscribe(env, admin, rec.url, ["job.queued"])
+        submit(env, admin)
+        worker = notifier(env)
+        worker.run_once()
+        assert worker.run_once() == 0 and len(rec.got) == 1  # not due again for an hour
+    [first] = deliveries(env, admin, hook["id"])
+    with env.app.state.sessions.begin() as session:
+        [row] = session.scalars(select(OutboxEntry))
+        assert row.state == OutboxState.PENDING
+        assert (row.next_attempt_at - datetime.fromisoformat(first["at"])).total_seconds() >= 3600
+
+
+def test_retries_stop_at_the_horizon(env: Env, admin: dict[str, str]) -> None:
+    with receiver([500] * 1000) as rec:
+        hook = subscribe(env, admin, rec.url, ["job.queued"])
+        submit(env, admin)
+        worker = notifier(env, horizon_s=0.3, retry_base_s=0.05, retry_max_s=0.1)
+        pump(worker, env, rec, 1)
+        assert worker.run_once() == 0
+    outcomes = [d["outcome"] for d in deliveries(env, admin, hook["id"])]
+    assert outcomes[0] == "gave_up" and set(outcomes[1:]) <= {"retrying"} and len(outcomes) == len(rec.got)
+    with env.app.state.sessions.begin() as session:
+        assert [row.state for row in session.scalars(select(OutboxEntry))] == [OutboxState.FAILED]
