@@ -29,7 +29,7 @@ def local_pools(override: str | None) -> list[Pool]:
     """The embedded default pools of the local backend (`override` is SHARDCTL_LOCAL_GPUS)."""
     if override:
         kind, _, count = override.rpartition(":")
-        return [Pool(name=LOCAL, backend=BackendKind.LOCAL, gpu=kind, gpus=max(1, int(count)))]
+        return [Pool(name=LOCAL, backend=BackendKind.LOCAL, gpu=kind, gpus=max(1, min(int(count), 1_000_000)))]
     return list(_detected())
 
 

@@ -145,6 +145,9 @@ def _not_waiting(job: Job, pools_managed: bool) -> Explanation | None:
         return Explanation(status=status, admitted=True, pool=job.pool, note=f"job {job.id} is running{where}")
     if job.status == S.CANCELLING:
         return Explanation(status=status, admitted=True, pool=job.pool, note=f"job {job.id} is being cancelled")
+    if job.status in (S.QUEUED, S.SUBMITTING):
+        return Explanation(status=status, admitted=True, pool=job.pool,
+                           note=f"job {job.id} is admitted{where}; a dispatcher is submitting it to its backend")
     reason = Reason(code=ReasonCode.BACKEND_PENDING, message=f"admitted{where}; waiting for the {job.backend.value}"
                     " backend to start it", flavor=job.gpu, requested=job.gpus)
     return Explanation(status=status, admitted=True, pool=job.pool, reasons=[reason],
