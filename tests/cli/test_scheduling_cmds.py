@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ runner = CliRunner()
 
 
 @pytest.fixture
-def cli(env: Env, live: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def cli(env: Env, live: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[int, str]]:
     monkeypatch.setenv("SHARDCTL_CONFIG", str(tmp_path / "cli.json"))
     monkeypatch.setenv("SHARDCTL_URL", live)
     monkeypatch.setenv("SHARDCTL_TOKEN", env.token("admin"))
@@ -30,7 +31,8 @@ def cli(env: Env, live: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     return run
 
 
-def test_an_admin_declares_pools_and_quotas_and_a_user_asks_why(cli, env: Env, tmp_path: Path) -> None:
+def test_an_admin_declares_pools_and_quotas_and_a_user_asks_why(cli: Callable[..., tuple[int, str]], env: Env,
+                                                                 tmp_path: Path) -> None:
     code, out = cli("pools", "set", "cpu-box", "--backend", "local", "--gpu", "cpu", "--gpus", "1")
     assert code == 0 and "cpu-box: cpu x 1 on local" in out, out
     code, out = cli("pools", "list")
