@@ -4,14 +4,24 @@ stdout and stderr apart; its output folder listed and read. Skips without SHARDC
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 from collections import Counter
 from pathlib import Path
 
+import httpx
+import pytest
+
 from service.joblogs import LogLine
+from service.store.db import make_engine, make_sessionmaker
+from tests.db_fixtures import Env, LiveServer
 from tests.slurm.conftest import TERMINAL, launch_request, py, wait_for
+from tests.specs import tiny
 from workers.backends.base import Handle, RunState
+from workers.backends.outputs import BackendOutputs
 from workers.backends.slurm import SlurmBackend
+from workers.dispatcher import Dispatcher, DispatcherConfig
 
 
 def _read(backend: SlurmBackend, handle: Handle, cursor: str | None = None,
@@ -81,3 +91,63 @@ def test_a_two_node_jobs_ranks_read_live_resumed_and_apart(backend: SlurmBackend
     finally:
         go.write_text("")
         backend.cancel(handle)
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_through_the_api_a_slurm_job_is_followed_to_its_end(env: Env, admin: dict[str, str], partition: str,
+                                                           tmp_path: Path) -> None:
+    """The API over Slurm: a page while it runs, then a live stream from that page's cursor to the end
+    (which the store decides: Slurm's reader cannot tell), and the whole read afterwards."""
+    backend = SlurmBackend(folder=tmp_path / "slurm", partition=partition)
+    env.app.state.log_reader = BackendOutputs({"slurm": backend})
+    env.app.state.settings.logs_poll_s = 0.2
+    go = tmp_path / "go"
+    code = ("import os, time\nr = os.environ['RANK']\nprint(f'before {r}', flush=True)\n"
+            f"while not os.path.exists({str(go)!r}):\n    time.sleep(0.1)\n"
+            "print(f'after {r}', flush=True)\n")
+    spec = tiny(resources={"nodes": 2, "gpus_per_node": 1}, backend={"kind": "slurm", "partition": partition},
+                entrypoint={"command": ["python", "-c", code]})
+    job_id = env.client.post("/v1/jobs", json=spec, headers=admin).json()["id"]
+    dispatcher = Dispatcher(make_sessionmaker(make_engine(env.url)), {"slurm": backend},
+                            DispatcherConfig(retry_backoff_s=0.1))
+    stop = threading.Event()
+
+    def drive() -> None:
+        while not stop.is_set():
+            dispatcher.run_once()
+            time.sleep(0.3)
+
+    driver = threading.Thread(target=drive, daemon=True)
+    driver.start()
+    try:
+        deadline, page = time.monotonic() + 120, []
+        while {"before 0", "before 1"} - {x.get("line") for x in page}:
+            assert time.monotonic() < deadline, page
+            r = env.client.get(f"/v1/jobs/{job_id}/logs", headers=admin)
+            assert r.status_code == 200, r.text
+            page = [json.loads(x) for x in r.text.splitlines()]
+            time.sleep(0.3)
+        end = page[-1]
+        assert end["finished"] is False
+        go.write_text("")
+        with LiveServer(env.app) as url, httpx.Client(base_url=url, headers=admin, timeout=120) as http, \
+                http.stream("GET", f"/v1/jobs/{job_id}/logs", params={"follow": "true"},
+                            headers={"Last-Event-ID": end["next_cursor"]}) as stream:
+            got, kind = [], None
+            for raw in stream.iter_lines():
+                if raw.startswith("event: "):
+                    kind = raw[7:]
+                elif raw.startswith("data: "):
+                    got.append((kind, json.loads(raw[6:])))
+                    if kind in ("end", "error"):
+                        break
+        assert got[-1][0] == "end", got[-1]
+        after = {(d["rank"], d["line"]) for k, d in got if k == "line" and d["rank"] is not None}
+        assert after == {(0, "after 0"), (1, "after 1")}  # only what followed the page, each once
+        r = env.client.get(f"/v1/jobs/{job_id}/logs", params={"cursor": got[-1][1]["next_cursor"]}, headers=admin)
+        assert r.text.splitlines() == [json.dumps({"next_cursor": got[-1][1]["next_cursor"], "finished": True,
+                                                   "attempt": 1}).replace(" ", "")]
+    finally:
+        go.write_text("")
+        stop.set()
+        driver.join(timeout=60)
