@@ -31,6 +31,16 @@ class LocalOptions(_Options):
     """The embedded default: torchrun process groups on the API's own machine."""
 
     kind: Literal[BackendKind.LOCAL] = BackendKind.LOCAL
+    time_limit: str | None = Field(None, max_length=32, description="Longest an attempt may run, e.g. 02:00:00 or"
+                                   " 00:00:30 ([D-]HH:MM[:SS]); the local supervisor then stops it (SIGTERM, then"
+                                   " SIGKILL) and the attempt ends as `timeout`, not retried.")
+
+    @field_validator("time_limit")
+    @classmethod
+    def _time(cls, value: str | None) -> str | None:
+        if value is not None:
+            time_limit_seconds(value)
+        return value
 
 
 _TIME_LIMIT = re.compile(r"^(?:(\d+)-)?(\d{1,2}):(\d{2})(?::(\d{2}))?$")
@@ -55,6 +65,19 @@ def time_limit_minutes(value: str) -> int:
                          f" {MAX_TIME_LIMIT_DAYS}-00:00:00)")
     days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
     return max(1, math.ceil(((days * 24 + hours) * 60 + minutes) + seconds / 60))
+
+
+def time_limit_seconds(value: str) -> int:
+    """`[D-]HH:MM[:SS]` -> seconds, at least 1 (the local backend's limit, to the second)."""
+    match = _TIME_LIMIT.match(value)
+    if not match or (match.group(1) and (len(match.group(1)) > 3 or int(match.group(1)) > MAX_TIME_LIMIT_DAYS)):
+        raise ValueError(f"bad time limit {value[:20]!r}: use HH:MM[:SS] or D-HH:MM[:SS] (at most"
+                         f" {MAX_TIME_LIMIT_DAYS} days), e.g. 02:00:00")
+    days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
+    total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    if total < 1:
+        raise ValueError(f"time limit {value!r}: at least one second, e.g. 00:00:30")
+    return total
 
 
 def sbatch_flag(flag: str) -> tuple[str, str | None]:

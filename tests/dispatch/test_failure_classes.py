@@ -112,3 +112,27 @@ def test_an_out_of_memory_message_from_the_program_names_the_memory(env: Env, ad
     attempt = job["attempts"][0]
     assert attempt["failure"] == expected and attempt["exit_code"] == 1
     assert len(job["attempts"]) == 1
+
+
+def test_a_local_time_limit_stops_the_job_as_a_timeout_not_retried(env: Env, admin: dict[str, str],
+                                                                   tmp_path: Path) -> None:
+    code = "import time; print('training until stopped', flush=True); time.sleep(600)"
+    spec = tiny(resources={"gpus_per_node": 1}, backend={"kind": "local", "time_limit": "00:00:10"},
+                entrypoint={"command": ["python", "-c", code]})
+    job = failed_job(env, admin, tmp_path, spec)
+    assert len(job["attempts"]) == 1  # the same limit would stop it again
+    attempt = job["attempts"][0]
+    assert attempt["failure"] == "timeout" and "time limit reached (10 s" in attempt["exit_reason"]
+    assert "training until stopped" in attempt["log_tail"]
+    assert last_event(env, admin, job["id"])["data"]["failure"] == "timeout"
+
+
+@pytest.mark.parametrize("limit", ["3 seconds", "00:00:00", "400-00:00:00"])
+def test_a_bad_local_time_limit_is_refused_at_submit_naming_the_field(env: Env, admin: dict[str, str],
+                                                                     limit: str) -> None:
+    response = env.client.post("/v1/jobs", json=tiny(backend={"kind": "local", "time_limit": limit}), headers=admin)
+    assert response.status_code == 422
+    body = response.json()["error"]
+    assert [f["loc"] for f in body["fields"]] == ["backend.time_limit"], body
+    message = body["fields"][0]["message"]
+    assert "time limit" in message and ("HH:MM[:SS]" in message or "e.g. 00:00:30" in message), message
