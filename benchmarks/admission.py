@@ -13,6 +13,7 @@ least CPU time (the steadiest figure on a shared machine).
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import statistics
 import time
@@ -86,6 +87,19 @@ def measure(fn: Callable[[], object], runs: int) -> tuple[float, float, float]:
     return statistics.median(walls), p95, min(cpus)
 
 
+def reference_loop_ns() -> float:
+    """ns per iteration of a plain dict-lookup loop: how fast this machine runs Python right now
+    (compare figures from different machines, or from a loaded one, through it)."""
+    table = {i: i for i in range(100)}
+    best = math.inf
+    for _ in range(5):
+        start = time.perf_counter()
+        for i in range(100_000):
+            table.get(i % 100)
+        best = min(best, time.perf_counter() - start)
+    return best / 100_000 * 1e9
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=20)
@@ -100,6 +114,7 @@ def main() -> None:
     print(f"snapshot: {len(snap.waiting)} waiting, {len(snap.running)} running, {len(snap.quotas)} teams,"
           f" {len(snap.pools)} pools; one cycle admits {len(decision.admitted)} and preempts"
           f" {len(decision.preempted)}")
+    print(f"reference loop: {reference_loop_ns():.0f} ns per iteration (plain dict lookups; lower is a faster machine)")
     print(f"{'case':44} {'median ms':>9} {'p95 ms':>7} {'min cpu ms':>10} {'goal ms':>7} {'goal/median':>11}")
     cases: list[tuple[str, float, Callable[[], object]]] = [
         ("admit: one cycle", 0.050, lambda: admit(snap)),
