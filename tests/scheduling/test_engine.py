@@ -310,6 +310,21 @@ def test_explain_reason_for_quota_and_backoff() -> None:
     assert e.eta is not None and e.eta.earliest_s is not None and e.eta.earliest_s >= 60
 
 
+def test_explain_says_when_a_job_can_never_run_here() -> None:
+    s = snap([pool(gpus=8)], {"a": quota(2, borrow=1)},
+             waiting=[wait(1, "a", 4), wait(2, "a", 16), wait(3, "a", 1, gpu="A100-SXM-80GB")])
+    too_big_for_team = explain(s, 1, "a")
+    assert [(r.code, r.requested, r.limit) for r in too_big_for_team.reasons] == [
+        (ReasonCode.EXCEEDS_TEAM_LIMIT, 4, 3)]
+    too_big_for_pool = explain(s, 2, "a")
+    assert [(r.code, r.requested, r.limit) for r in too_big_for_pool.reasons] == [
+        (ReasonCode.NO_MATCHING_POOL, 16, 8)]
+    no_kind = explain(s, 3, "a")
+    assert [r.code for r in no_kind.reasons] == [ReasonCode.NO_MATCHING_POOL]
+    for e in (too_big_for_team, too_big_for_pool, no_kind):
+        assert e.eta is not None and e.eta.earliest_s is None and e.eta.latest_s is None
+
+
 # -- costs -------------------------------------------------------------------------------------------------
 
 def test_kind_cost_comes_from_the_pool_or_the_catalog_relative_to_an_a100() -> None:
