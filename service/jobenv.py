@@ -26,6 +26,10 @@ OUT_DIR = "SHARDCTL_OUT_DIR"
 API_URL = "SHARDCTL_URL"
 TOKEN = "SHARDCTL_JOB_TOKEN"  # the one secret: backends keep it out of previews and in their secret stores
 LOG_LEVEL = "SHARDCTL_LOG"  # optional, set by hand: the runtime's log level (default INFO)
+CHECKPOINT_DIR = "SHARDCTL_CHECKPOINT_DIR"  # optional: checkpoints across attempts (default OUT_DIR/checkpoints)
+#: The exit code of a job that stopped because it was told to (SIGTERM, Slurm's preemption signal) after
+#: saving a checkpoint: EX_TEMPFAIL of sysexits.h, "try again later". Backends report it as `preempted`.
+PREEMPTED_EXIT_CODE = 75
 
 REVEAL_KEY = "reveal_secrets"
 #: Serialisation context that writes the token in clear, for a file only the job reads.
@@ -55,6 +59,8 @@ class JobEnv(BaseModel):
     api_url: str | None = Field(None, description="Where the job reports; None: it reports nowhere.")
     token: SecretStr | None = Field(None, description="The job-scoped token for its reports.")
     out_dir: str | None = None
+    checkpoint_dir: str | None = Field(None, description="Where checkpoints live, shared by every attempt of the"
+                                       " job so the next one resumes; None: `out_dir`/checkpoints.")
 
     @field_serializer("token", when_used="json")
     def _token(self, token: SecretStr | None, info: FieldSerializationInfo) -> str | None:
@@ -71,6 +77,8 @@ class JobEnv(BaseModel):
             env[API_URL] = self.api_url
         if self.out_dir:
             env[OUT_DIR] = self.out_dir
+        if self.checkpoint_dir:
+            env[CHECKPOINT_DIR] = self.checkpoint_dir
         return env
 
     def secrets(self) -> dict[str, str]:
@@ -94,6 +102,6 @@ class JobEnv(BaseModel):
         try:
             return cls(job_id=int(environ[JOB_ID]), attempt=int(environ[ATTEMPT]), plan=plan,
                        api_url=environ.get(API_URL) or None, token=environ.get(TOKEN) or None,
-                       out_dir=environ.get(OUT_DIR) or None)
+                       out_dir=environ.get(OUT_DIR) or None, checkpoint_dir=environ.get(CHECKPOINT_DIR) or None)
         except (ValueError, ValidationError) as exc:
             raise JobEnvError(f"${JOB_ID} and ${ATTEMPT} must be integers: {exc}") from exc

@@ -9,12 +9,15 @@ import shutil
 from service.settings import Settings
 from workers.backends.base import Backend
 from workers.backends.local import LocalBackend
+from workers.backends.local_devices import LocalDevices
 
 
 def make_backends(settings: Settings) -> dict[str, Backend]:
-    """`local` always; `slurm` when `sbatch` is on PATH; `kubernetes` when a kubeconfig (settings or
+    """`local` always (its devices from `settings.local_devices`, else detected); `slurm` when `sbatch` is
+    on PATH; `kubernetes` when a kubeconfig (settings or
     $KUBECONFIG) or an in-cluster service account is there."""
-    backends: dict[str, Backend] = {"local": LocalBackend(settings.data_dir / "local")}
+    devices = LocalDevices.parse(settings.local_devices) if settings.local_devices else LocalDevices.detect()
+    backends: dict[str, Backend] = {"local": LocalBackend(settings.data_dir / "local", devices)}
     if shutil.which("sbatch"):
         from workers.backends.slurm import SlurmBackend
 

@@ -10,6 +10,8 @@ partitions are rank-local and saved beside it as `zero1-rank<r>.pt` (same world 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
+from service.jobenv import CHECKPOINT_DIR
 from workers.runtime.parallelize import Applied
 
 # Flat optimizer state: `param_groups` become per-parameter entries keyed by FQN. Unflattened, the
@@ -40,6 +43,14 @@ def _state(applied: Applied) -> dict[str, Any]:
         return {"model": get_state_dict(model, [])[0]}
     model_sd, optim_sd = get_state_dict(model, applied.optimizer, options=OPTIONS)
     return {"model": model_sd, "optim": optim_sd}
+
+
+def root_for(out: Path, environ: Mapping[str, str] | None = None) -> Path:
+    """Where this run's checkpoints live: `$SHARDCTL_CHECKPOINT_DIR` when the backend gives one (the local
+    backend: one folder per job, shared by its attempts, so the attempt after a preemption resumes),
+    else `out/checkpoints` (a Slurm requeue reruns in the same folder)."""
+    source = os.environ if environ is None else environ
+    return Path(source[CHECKPOINT_DIR]) if source.get(CHECKPOINT_DIR) else out / "checkpoints"
 
 
 def latest_step(root: Path) -> int | None:

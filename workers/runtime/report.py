@@ -70,7 +70,7 @@ class RunError(BaseModel):
 
 
 class Report(BaseModel):
-    status: Literal["succeeded", "failed", "stopped"]
+    status: Literal["succeeded", "failed", "stopped", "preempted"]
     plan: str
     layout: dict[str, Any]
     world_size: int

@@ -1,7 +1,8 @@
 """The reference trainer: one process per rank under torchrun.
 
 `run(cfg, out)` never returns normally: it ends the process with `os._exit` (0 on success, 1 on
-any error, 3 when stopped by `stop_after`), after `destroy_process_group` on success (gloo worker
+any error, 3 when stopped by `stop_after`, `PREEMPTED_EXIT_CODE` (75) when a notice signal
+(`preemption`: SIGTERM, SIGUSR1) stopped it after a checkpoint), after `destroy_process_group` on success (gloo worker
 threads can otherwise abort the interpreter at exit). A rank that raises writes its error into
 `out/report.json` (the first failing rank wins) and exits at once; its peers then fail on their
 next collective within `timeout_s` (or are stopped by torchrun), and a watchdog ends any rank
@@ -20,7 +21,7 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from service.jobenv import MeasurementKind
+from service.jobenv import PREEMPTED_EXIT_CODE, MeasurementKind
 from service.planner.timing import FLOP_CONVENTION, model_flops_per_step
 from workers.runtime import checkpoint
 from workers.runtime.config import RunConfig
@@ -29,6 +30,7 @@ from workers.runtime.measure import PeakTracker, StateBytes, state_bytes
 from workers.runtime.mesh import Mesh, build_mesh, init_distributed, pick_device
 from workers.runtime.model import Decoder
 from workers.runtime.parallelize import apply_plan
+from workers.runtime.preemption import Notice
 from workers.runtime.profiling import ProfileWindow
 from workers.runtime.report import (
     ApiReporter,
@@ -85,6 +87,7 @@ def _coords(mesh: Mesh) -> dict[str, int]:
 def run(cfg: RunConfig, out: Path) -> NoReturn:
     """Train per `cfg` on this rank and exit the process (see the module docstring)."""
     rank = int(os.environ.get("RANK", "0"))
+    notice = Notice().install()  # from now on SIGTERM means "checkpoint after this step and stop"
     opts = cfg.options
     reporter = ApiReporter.from_env() if rank == 0 else ApiReporter(None, None, None)
     base = Report(status="failed", plan=cfg.plan.name, layout=cfg.layout.to_dict(), world_size=cfg.layout.world_size,
@@ -111,7 +114,7 @@ def run(cfg: RunConfig, out: Path) -> NoReturn:
             torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         init_distributed(device, opts.timeout_s)
         watchdog.touch()
-        report = _train(cfg, out, device, rank, reporter, watchdog, base)
+        report = _train(cfg, out, device, rank, reporter, watchdog, base, notice)
     except BaseException as exc:
         fail(exc)
     if rank == 0:
@@ -122,17 +125,17 @@ def run(cfg: RunConfig, out: Path) -> NoReturn:
     reporter.close()
     dist.barrier()
     dist.destroy_process_group()
-    os._exit(3 if report.status == "stopped" else 0)
+    os._exit({"stopped": 3, "preempted": PREEMPTED_EXIT_CODE}.get(report.status, 0))
 
 
 def _train(cfg: RunConfig, out: Path, device: torch.device, rank: int, reporter: ApiReporter, watchdog: Watchdog,
-           base: Report) -> Report:
+           base: Report, notice: Notice) -> Report:
     opts, layout, shape = cfg.options, cfg.layout, cfg.shape
     mesh = build_mesh(layout, device)
     torch.manual_seed(opts.seed)
     model = Decoder(shape)
     applied = apply_plan(model, cfg.plan, mesh, device=device, optimizer_name=cfg.training.optimizer, lr=opts.lr)
-    ckpt_root = out / "checkpoints"
+    ckpt_root = checkpoint.root_for(out)
     start = checkpoint.load(ckpt_root, applied)
     watchdog.touch()
     steps = cfg.steps
@@ -183,6 +186,13 @@ def _train(cfg: RunConfig, out: Path, device: torch.device, rank: int, reporter:
             if opts.stop_after is not None and done == opts.stop_after and done < steps:
                 checkpoint.save(ckpt_root, done, applied)
                 status = "stopped"
+                break
+            if notice.agree(device) and done < steps:  # every rank stops after this same step
+                log.warning("rank %d: notice (signal %s) after step %d of %d: checkpointing and stopping", rank,
+                            notice.signum, done, steps)
+                if checkpoint.latest_step(ckpt_root) != done:
+                    checkpoint.save(ckpt_root, done, applied)
+                status = "preempted"
                 break
     tracker.finish()
     losses = _global_losses(local_losses, device)

@@ -90,10 +90,15 @@ def newest_named(records: Mapping[str, Sequence[Record]], name: str, workdir: st
     return str(max(ids)) if ids else None
 
 
+#: Ends after which Slurm may queue the same job again (`PreemptMode=REQUEUE`, `scontrol requeue`).
+REQUEUABLE = frozenset({"PREEMPTED", "REQUEUED"})
+
+
 def lags(accounted: Sequence[Record] | None) -> bool:
     """Whether squeue may know better: sacct has no record yet, shows the job not finished, or lists
     fewer nodes than the job had."""
-    return not accounted or state_word(accounted[-1]["State"]) in LIVE or not nodes_complete(accounted[-1])
+    return (not accounted or state_word(accounted[-1]["State"]) in LIVE | REQUEUABLE
+            or not nodes_complete(accounted[-1]))
 
 
 def belongs(current: Record, job_id: str | None, workdir: str) -> bool:
@@ -109,6 +114,10 @@ def merge(accounted: Sequence[Record] | None, current: Record | None) -> list[Re
         *history, last = accounted
         if current is None:
             return [*history, last]
+        if current["State"] in LIVE and state_word(last["State"]) in REQUEUABLE:
+            # preempted or requeued, and already queued again: sacct has not written the new run's record
+            # yet. Without it the job would read as ended (and be submitted a second time).
+            return [*history, last, {**last, "State": current["State"], "NodeList": current["NodeList"]}]
         if current["State"] in LIVE:  # fresher than sacct
             return [*history, {**last, "State": current["State"],
                                "NodeList": fuller(last["NodeList"], current["NodeList"])}]

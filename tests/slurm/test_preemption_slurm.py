@@ -1,0 +1,91 @@
+"""Preemption on the real Slurm cluster: a two-rank runtime job in the default (preemptible, REQUEUE)
+partition is preempted, either by a job in the higher-tier `urgent` partition on its node or through
+`Dispatcher.preempt` (`scontrol requeue`); Slurm signals it, the runtime checkpoints within KillWait,
+the job is requeued under the same id and folder, resumes from its checkpoint and ends with the spec's
+steps, the heartbeats 1..N each once."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from service.store.models import Measurement
+from service.store.vocab import MeasurementKind
+from tests.db_fixtures import Env
+from tests.runtime.harness import spec_dict
+from tests.slurm.conftest import URGENT, sacct_states
+from workers.backends.slurm import SlurmBackend
+from workers.dispatcher import Dispatcher, DispatcherConfig
+
+STEPS = 60
+RUNTIME = ["python", "-m", "workers.runtime", "--heartbeat-every", "1", "--no-profile", "--no-track-memory",
+           "--timeout-s", "120"]
+sqlite_only = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+
+
+def measurements(env: Env, job_id: int, kind: MeasurementKind) -> list[dict[str, Any]]:
+    with env.app.state.sessions() as session:
+        rows = session.scalars(select(Measurement).where(Measurement.job_id == job_id, Measurement.kind == kind)
+                               .order_by(Measurement.id))
+        return [dict(m.data) for m in rows]
+
+
+def beats(env: Env, job_id: int) -> list[int]:
+    return [int(m["step"]) for m in measurements(env, job_id, MeasurementKind.HEARTBEAT)]
+
+
+def job(env: Env, job_id: int, admin: dict[str, str]) -> dict[str, Any]:
+    return env.client.get(f"/v1/jobs/{job_id}", headers=admin).json()  # type: ignore[no-any-return]
+
+
+@sqlite_only
+@pytest.mark.parametrize("by", ["urgent-partition", "dispatcher"])
+def test_a_preempted_slurm_job_resumes_from_its_checkpoint(env: Env, admin: dict[str, str], live: str,
+                                                           partition: str, tmp_path: Path, by: str) -> None:
+    spec = {**spec_dict(2, steps=STEPS), "entrypoint": {"command": RUNTIME},
+            "backend": {"kind": "slurm", "partition": partition}}
+    job_id = env.client.post("/v1/jobs", json=spec, headers=admin).json()["id"]
+    dispatcher = Dispatcher(env.app.state.sessions, {"slurm": SlurmBackend(folder=tmp_path / "slurm",
+                                                                           partition=partition)},
+                            DispatcherConfig(api_url=live, retry_backoff_s=0.1, max_attempts=1))
+    deadline = time.monotonic() + 240
+    while not beats(env, job_id) or beats(env, job_id)[-1] < 2:
+        assert time.monotonic() < deadline, f"no heartbeat; job is {job(env, job_id, admin)['status']}"
+        dispatcher.run_once()
+        time.sleep(0.2)
+    attempt = job(env, job_id, admin)["attempts"][0]
+    slurm_id, node = attempt["backend_id"], attempt["nodes"][0]
+    if by == "urgent-partition":  # needs 3 of the node's 4 CPUs: the job's 2 must go
+        subprocess.run(["sbatch", "-o", "/dev/null", "-p", URGENT, "-N1", "-w", node, "--cpus-per-task=3",
+                        "-J", "shardctl-test-urgent-preempt", "-t", "1", "--wrap", "sleep 2"],
+                       check=True, capture_output=True)
+    else:
+        dispatcher.preempt(job_id, by=777, reason="a higher-priority job needs the node")
+
+    deadline = time.monotonic() + 300
+    while job(env, job_id, admin)["status"] not in {"SUCCEEDED", "FAILED", "CANCELLED"}:
+        assert time.monotonic() < deadline, f"job stuck in {job(env, job_id, admin)['status']}"
+        dispatcher.run_once()
+        time.sleep(0.3)
+    final = job(env, job_id, admin)
+    assert final["status"] == "SUCCEEDED", final
+    deadline = time.monotonic() + 30
+    while (states := sacct_states(slurm_id))[-1] != "COMPLETED" and time.monotonic() < deadline:
+        time.sleep(0.5)  # sacct lags the controller a little
+    assert states[0] == ("PREEMPTED" if by == "urgent-partition" else "REQUEUED") and states[-1] == "COMPLETED"
+    first, second = final["attempts"]  # the requeue is a new attempt of the same Slurm job, not counted
+    assert first["failure"] == "preempted" and first["backend_id"] == second["backend_id"] == slurm_id
+    assert second["status"] == "SUCCEEDED"
+    if by == "dispatcher":
+        kinds = [e for e in env.client.get(f"/v1/jobs/{job_id}/events", headers=admin).json()
+                 if e["kind"] == "job.preempted"]
+        assert len(kinds) == 1 and kinds[0]["data"]["by"] == 777
+    assert beats(env, job_id) == list(range(1, STEPS + 1))  # steps continue from the checkpoint: none twice
+    reports = measurements(env, job_id, MeasurementKind.REPORT)
+    assert [r["status"] for r in reports] == ["preempted", "succeeded"]
+    assert reports[-1]["start_step"] >= 2 and reports[-1]["start_step"] + reports[-1]["steps"] == STEPS
