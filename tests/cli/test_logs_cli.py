@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from service.cli import wiring
 from service.cli.main import app
+from service.settings import Settings
 from service.store.db import make_engine, make_sessionmaker
-from tests.db_fixtures import Env
+from tests.db_fixtures import Env, LiveServer
 from tests.specs import tiny
 from workers.backends.local import LocalBackend
 from workers.backends.outputs import BackendOutputs
@@ -24,17 +26,23 @@ TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
 @pytest.fixture
-def cli(env: Env, live: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[int, str]]:
-    env.app.state.log_reader = BackendOutputs({"local": LocalBackend(tmp_path / "local")})
+def cli(env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., tuple[int, str]]]:
+    """`shardctl ...` against a live API built as `shardctl serve` builds it (`wiring.make_app`: the
+    local backend's outputs wired in), on the env's database."""
+    settings = Settings(database_url=env.url, data_dir=tmp_path, logs_poll_s=0.05)
+    served = wiring.make_app(settings, make_sessionmaker(make_engine(env.url)),
+                             {"local": LocalBackend(tmp_path / "local")}, "http://127.0.0.1:1")
+    assert isinstance(served.state.log_reader, BackendOutputs)
     monkeypatch.setenv("SHARDCTL_CONFIG", str(tmp_path / "cli.json"))
-    monkeypatch.setenv("SHARDCTL_URL", live)
     monkeypatch.setenv("SHARDCTL_TOKEN", env.token("admin"))
 
     def run(*args: str) -> tuple[int, str]:
         result = runner.invoke(app, list(args))
         return result.exit_code, result.output
 
-    return run
+    with LiveServer(served) as url:
+        monkeypatch.setenv("SHARDCTL_URL", url)
+        yield run
 
 
 def _submit(env: Env, code: str) -> int:
