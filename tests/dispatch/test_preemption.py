@@ -20,7 +20,7 @@ from tests.specs import launch_request
 from workers.backends.base import RunState
 from workers.backends.local import LocalBackend
 from workers.backends.local_supervisor import job_checkpoint_dir
-from workers.dispatcher import Dispatcher, DispatcherConfig
+from workers.dispatcher import Dispatcher, DispatcherConfig, being_preempted
 from workers.runtime import checkpoint
 
 STEPS = 60
@@ -60,6 +60,8 @@ def test_a_preempted_job_checkpoints_requeues_and_resumes_its_steps(env: Env, ad
 
     dispatcher.preempt(job_id, by=4242, reason="team a reclaims its nominal quota")
     dispatcher.preempt(job_id, by=4343, reason="chosen again")  # already being preempted: not chosen twice
+    with env.app.state.sessions() as session:
+        assert being_preempted(session) == {job_id}  # what admission reads so as not to choose it again
 
     deadline = time.monotonic() + 300
     while job(env, job_id, admin)["status"] not in {"SUCCEEDED", "FAILED", "CANCELLED"}:
@@ -68,6 +70,8 @@ def test_a_preempted_job_checkpoints_requeues_and_resumes_its_steps(env: Env, ad
         time.sleep(0.1)
     final = job(env, job_id, admin)
     assert final["status"] == "SUCCEEDED", final
+    with env.app.state.sessions() as session:
+        assert being_preempted(session) == set()
     events = env.client.get(f"/v1/jobs/{job_id}/events", headers=admin).json()
     preempted = [e for e in events if e["kind"] == "job.preempted"]
     assert len(preempted) == 1
