@@ -57,6 +57,7 @@ class EventKind:
     REQUEUED = "job.requeued"
     BACKEND_UNREACHABLE = "backend.unreachable"
     PROFILE_FAILED = "job.profile_failed"
+    PREEMPTED = "job.preempted"  # data: by (the job that needed the devices), reason, attempt, grace_s
 
     @staticmethod
     def status(status: JobStatus) -> str:
