@@ -12,6 +12,7 @@ import pytest
 
 from tests.db_fixtures import Env
 from tests.specs import launch_request, tiny
+from workers.backends import local_devices
 from workers.backends.base import Handle, LaunchRequest, RunState, SubmissionRefused, TransientBackendError
 from workers.backends.local import LocalBackend
 from workers.backends.local_devices import LocalDevices
@@ -164,3 +165,25 @@ def test_a_job_that_needs_every_device_waits_in_the_queue_until_the_first_ends(e
         time.sleep(0.1)
     assert status(ids[0]) == status(ids[1]) == "SUCCEEDED"
     assert seen(marks, "job2")["cpus"] == [core]
+
+
+def test_devices_of_an_attempt_whose_supervisor_is_gone_are_free_again(tmp_path: Path) -> None:
+    """After a crash or a reboot: a supervisor that died, or whose pid now belongs to a process started
+    later (pid reuse), holds nothing; a live supervisor keeps its devices."""
+    folder = tmp_path / "local"
+    folder.mkdir()
+    req = launch_request("shardctl-1-1", ["true"]).model_copy(update={"gpus_per_proc": 2})
+    devices = LocalDevices.parse("gpu:0,1")
+    attempt = folder / "shardctl-1-1"
+    attempt.mkdir()
+    local_devices.claim(folder, attempt, req, devices)
+
+    def state(pid: int, started_at: float) -> None:
+        (attempt / "state.json").write_text(json.dumps({"pid": pid, "pgid": pid, "started_at": started_at}))
+
+    state(os.getpid(), time.time())  # this process stands in for a live supervisor
+    assert local_devices.in_use(folder)["gpu"] == {"0", "1"}
+    state(os.getpid(), time.time() - 86_400)  # the recorded supervisor started a day ago: this pid is another
+    assert local_devices.in_use(folder)["gpu"] == set()
+    state(2**22 + 7, time.time())  # no such process
+    assert local_devices.in_use(folder)["gpu"] == set()

@@ -148,17 +148,27 @@ def read_assignment(attempt: Path) -> Assignment | None:
         return None
 
 
-def _pid_alive(pid: int) -> bool:
+def _supervisor_alive(pid: int, started_at: float | None) -> bool:
+    """Whether `pid` is still the attempt's supervisor: alive, not a zombie, and (when /proc tells) started
+    no later than the supervisor recorded, so a pid reused after a reboot frees the devices."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
     try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] != "Z"
-    except OSError:
-        return True
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+        if fields[0] == "Z":
+            return False
+        if started_at is not None:
+            boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                        if line.startswith("btime "))
+            began = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+            return began <= started_at + 5.0
+    except (OSError, IndexError, ValueError, StopIteration):
+        pass
+    return True
 
 
 def holds(attempt: Path, now: float) -> Assignment | None:
@@ -168,12 +178,13 @@ def holds(attempt: Path, now: float) -> Assignment | None:
         return None
     state = attempt / "state.json"
     try:
-        pid = int(json.loads(state.read_text())["pid"])
+        recorded = json.loads(state.read_text())
+        pid, started_at = int(recorded["pid"]), recorded.get("started_at")
     except FileNotFoundError:
         return assignment if now - assignment.claimed_at < START_GRACE_S else None
     except (OSError, ValueError, KeyError):
         return assignment  # being written: count it, never hand its devices out twice
-    return assignment if _pid_alive(pid) else None
+    return assignment if _supervisor_alive(pid, started_at) else None
 
 
 def in_use(folder: Path, now: float | None = None) -> dict[str, set[str]]:
