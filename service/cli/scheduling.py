@@ -15,11 +15,12 @@ from typing import Annotated, TypeVar
 
 import pydantic
 import typer
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from service.cli.render import EXIT_ERROR, EXIT_UNREADABLE, pydantic_problems
+from service.cli.render import EXIT_ERROR, EXIT_UNREADABLE, human_seconds, pydantic_problems
 from service.scheduling.config_file import PoolsFile, PoolsFileError, load_pools_file
 from service.scheduling.export_kueue import render_kueue, to_yaml
 from service.scheduling.export_slurm import render_slurm
@@ -77,16 +78,16 @@ def simulate_command(
 
 
 def _print_result(result: SimResult) -> None:
-    table = Table(title=f"simulated {result.end_s / 3600:.2f} h, {result.cycles} admission cycles")
-    for col in ("team", "GPU-hours", "share", "jobs", "finished", "mean wait", "max wait", "preempted",
-                "lost GPU-h"):
-        table.add_column(col, justify="left" if col == "team" else "right")
+    table = Table(title=f"simulated {result.end_s / 3600:.2f} h, {result.cycles} admission cycles",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("team", "GPU-h", "share", "jobs", "done", "avg wait", "max wait", "preempt", "lost GPU-h"):
+        table.add_column(col, justify="left" if col == "team" else "right", min_width=len(col))
     for team, t in result.teams.items():
         table.add_row(team, f"{t.gpu_seconds / 3600:.1f}", f"{t.share * 100:.1f}%", str(t.jobs), str(t.finished),
-                      f"{t.mean_wait_s / 60:.1f} min", f"{t.max_wait_s / 60:.1f} min", str(t.preempted),
+                      human_seconds(t.mean_wait_s), human_seconds(t.max_wait_s), str(t.preempted),
                       f"{t.lost_gpu_seconds / 3600:.2f}")
     console.print(table)
-    console.out(f"preemptions: {result.preemptions}; never started: {len(result.never_started)}")
+    console.out(f"preemptions: {result.preemptions}; jobs not started by the end: {len(result.never_started)}")
     console.out(f"schedule digest: {result.digest}")
     for line in result.log:
         console.out(line, highlight=False)
