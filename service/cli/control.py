@@ -332,14 +332,13 @@ def show(job_id: int, as_json: JsonOpt = False,
         raise fail(exc) from None
     if as_json:
         return out_json(job)
-    from service.cli.render import plan_line, plan_panel
+    from service.cli.render import attempt_lines, plan_line, plan_panel
     from service.planner import Plan
 
     console.out(f"job {job['id']} {job['name']} ({job['team']}): {job['status']} on {job['backend']}")
     for a in job["attempts"]:
-        nodes = ", ".join(a["nodes"])
-        console.out(f"  attempt {a['number']} {a['backend_name']} {a['status']}"
-                    f"{' on ' + nodes if nodes else ''} {a['exit_reason'] or ''}".rstrip())
+        for line in attempt_lines(a):
+            console.out(line, highlight=False)
     plan = Plan.model_validate(job["plan"])
     if brief:
         console.out(f"  plan {plan_line(plan)}", highlight=False)
