@@ -35,7 +35,7 @@ from sqlalchemy.types import TypeDecorator, TypeEngine
 from service.backend_options import BackendKind
 from service.planner.result import Plan
 from service.spec import TrainingSpec
-from service.store.vocab import AttemptStatus, JobStatus, MeasurementKind, Role
+from service.store.vocab import AttemptStatus, FailureClass, JobStatus, MeasurementKind, Role
 
 # BIGINT on PostgreSQL, INTEGER on SQLite (so that it stays the rowid alias and autoincrements).
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -199,6 +199,10 @@ class Event(Base):
     __tablename__ = "events"
     __table_args__ = (Index("ix_events_job_id_id", "job_id", "id"),)
 
+    #: why it ended badly (None while it runs and when it succeeded); `exit_code` is the program's own
+    failure: Mapped[FailureClass | None] = mapped_column(enum_column(FailureClass, 32))
+    #: the last lines the program itself printed (the launcher's noise left out), when it failed
+    log_tail: Mapped[str | None] = mapped_column(Text)
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))
     at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
