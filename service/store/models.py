@@ -191,6 +191,10 @@ class Attempt(Base):
     exit_reason: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    #: why it ended badly (None while it runs and when it succeeded); `exit_code` is the program's own
+    failure: Mapped[FailureClass | None] = mapped_column(enum_column(FailureClass, 32))
+    #: the last lines the program itself printed (the launcher's noise left out), when it failed
+    log_tail: Mapped[str | None] = mapped_column(Text)
 
 
 class Event(Base):
@@ -199,10 +203,6 @@ class Event(Base):
     __tablename__ = "events"
     __table_args__ = (Index("ix_events_job_id_id", "job_id", "id"),)
 
-    #: why it ended badly (None while it runs and when it succeeded); `exit_code` is the program's own
-    failure: Mapped[FailureClass | None] = mapped_column(enum_column(FailureClass, 32))
-    #: the last lines the program itself printed (the launcher's noise left out), when it failed
-    log_tail: Mapped[str | None] = mapped_column(Text)
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))
     at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
