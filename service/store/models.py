@@ -34,6 +34,8 @@ from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from service.backend_options import BackendKind
 from service.planner.result import Plan
+from service.scheduling.model import Pool as SchedPool
+from service.scheduling.model import TeamQuota
 from service.spec import TrainingSpec
 from service.store.vocab import AttemptStatus, FailureClass, JobStatus, MeasurementKind, Role
 
@@ -169,6 +171,12 @@ class Job(Base):
     # Dispatcher lease (dispatcher issue): who holds the row and until when.
     lease_owner: Mapped[str | None] = mapped_column(String(64))
     lease_expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    # Shared GPUs (issue 12): what it needs, copied from the plan at submission, and where it was admitted.
+    gpu: Mapped[str] = mapped_column(String(64), default="")  # the GPU kind (or cpu)
+    gpus: Mapped[int] = mapped_column(Integer, default=1)  # GPUs (cpu slots) it needs: the plan's world size
+    pool: Mapped[str | None] = mapped_column(String(63))  # the pool it was admitted to; None while it waits
+    admitted_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    predicted_s: Mapped[float | None] = mapped_column(Float)  # the plan's steps x step time: the ETA's input
 
     team: Mapped[Team] = relationship(lazy="joined", innerjoin=True)
     attempts: Mapped[list[Attempt]] = relationship(order_by="Attempt.number", lazy="select")
@@ -195,6 +203,8 @@ class Attempt(Base):
     failure: Mapped[FailureClass | None] = mapped_column(enum_column(FailureClass, 32))
     #: the last lines the program itself printed (the launcher's noise left out), when it failed
     log_tail: Mapped[str | None] = mapped_column(Text)
+    #: when it began RUNNING (GPU-seconds of usage count from here); None if it was never seen running
+    started_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
 
 
 class Event(Base):
@@ -242,3 +252,27 @@ class Measurement(Base):
 # Notification tables (webhooks, outbox, deliveries) live in their own module; importing it here puts
 # them in `Base.metadata` wherever the models are loaded.
 from service.store import notify_models as notify_models  # noqa: E402
+
+# -- shared GPUs (issue 12): pools and team quotas as the admin declared them ----------------------
+
+
+class PoolRow(Base):
+    """A pool (`service.scheduling.model.Pool`): declared through the API, loaded from
+    SHARDCTL_POOLS_FILE, or detected on the local machine (`source`)."""
+
+    __tablename__ = "pools"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    pool: Mapped[SchedPool] = mapped_column(ModelJson(SchedPool))
+    source: Mapped[str] = mapped_column(String(16))  # api | file | detected
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+
+
+class TeamQuotaRow(Base):
+    """A team's quota (`service.scheduling.model.TeamQuota`); a team without a row has none declared."""
+
+    __tablename__ = "team_quotas"
+
+    team_id: Mapped[int] = mapped_column(ForeignKey("teams.id"), primary_key=True)
+    quota: Mapped[TeamQuota] = mapped_column(ModelJson(TeamQuota))
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
