@@ -81,10 +81,13 @@ def test_a_preempted_slurm_job_resumes_from_its_checkpoint(env: Env, admin: dict
     first, second = final["attempts"]  # the requeue is a new attempt of the same Slurm job, not counted
     assert first["failure"] == "preempted" and first["backend_id"] == second["backend_id"] == slurm_id
     assert second["status"] == "SUCCEEDED"
+    notices = [e for e in env.client.get(f"/v1/jobs/{job_id}/events", headers=admin).json()
+               if e["kind"] == "job.preempted"]  # who and why, once
+    assert len(notices) == 1
     if by == "dispatcher":
-        kinds = [e for e in env.client.get(f"/v1/jobs/{job_id}/events", headers=admin).json()
-                 if e["kind"] == "job.preempted"]
-        assert len(kinds) == 1 and kinds[0]["data"]["by"] == 777
+        assert notices[0]["data"]["by"] == 777 and "higher-priority" in notices[0]["data"]["reason"]
+    else:
+        assert notices[0]["data"]["by_backend"] == "slurm" and notices[0]["data"]["reason"].startswith("preempted")
     assert beats(env, job_id) == list(range(1, STEPS + 1))  # steps continue from the checkpoint: none twice
     reports = measurements(env, job_id, MeasurementKind.REPORT)
     assert [r["status"] for r in reports] == ["preempted", "succeeded"]

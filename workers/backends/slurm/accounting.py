@@ -73,6 +73,16 @@ def parse_squeue(output: str) -> dict[str, dict[str, str]]:
     return live
 
 
+def parse_squeue_by_id(output: str) -> dict[str, dict[str, str]]:
+    """`squeue_args` output -> job id -> its record (every job of each name, not only the newest)."""
+    by_id: dict[str, dict[str, str]] = {}
+    for line in output.splitlines():
+        job_id = line.split("|", 1)[0]
+        if job_id.isdigit():
+            by_id.update({r["JobIDRaw"]: r for r in parse_squeue(line).values()})
+    return by_id
+
+
 def ids_in(output: str, workdir: str) -> list[int]:
     """Job ids from `find_args` output whose working directory is `workdir`."""
     ids = []
