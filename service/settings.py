@@ -28,6 +28,13 @@ class Settings(BaseSettings):
                              " more is a 429.")
     max_streams_per_token: int = Field(16, ge=1, description="Live event streams one token holds open at once;"
                                        " one more is a 429.")
+    max_log_followers: int = Field(64, ge=1, description="Live log streams (GET /v1/jobs/{id}/logs?follow=true)"
+                                   " one API process serves at once; one more is a 429.")
+    logs_poll_s: float = Field(0.5, gt=0, le=60, description="How often a live log stream reads the backend.")
+    logs_heartbeat_s: float = Field(15.0, gt=0, le=300, description="A live log stream with nothing new sends"
+                                    " a comment this often (proxies close idle connections).")
+    max_artifact_bytes: int = Field(16 << 20, ge=0, description="Largest artifact GET /v1/jobs/{id}/artifacts/{path}"
+                                    " sends (16 MiB); a larger one is a 409 naming its size.")
     profile_workers: int = Field(1, ge=1, le=64, description="Trace analyses run at once (each holds at most"
                                  " max_trace_events events of one rank in memory).")
     profile_queue: int = Field(4, ge=0, le=1024, description="Uploads waiting for an analysis; one more is a 503.")
@@ -55,6 +62,10 @@ class Settings(BaseSettings):
     planner_wait_s: float = Field(
         0.5, ge=0, le=60, description="How long a request waits for a free planning thread before the"
         " 503 (with Retry-After).")
+    local_devices: str | None = Field(None, description="What the local backend hands out instead of what it"
+                                      " detects: 'gpu:0,1,2,3' (or '0,1,2,3': CUDA_VISIBLE_DEVICES ids), 'cpu:0-3'"
+                                      " (CPU ids for affinity), or both joined by ';'. Unset: the GPUs"
+                                      " $CUDA_VISIBLE_DEVICES or `nvidia-smi -L` names, and this process's CPUs.")
     kubeconfig: Path | None = None
     kubernetes_namespace: str = "default"
     kubernetes_namespaces: list[str] = Field(default_factory=list, description="Other namespaces specs may name.")
@@ -67,19 +78,6 @@ class Settings(BaseSettings):
         " /metrics is open.")
     metrics_team_labels: bool = Field(False, description="Label /metrics series by team (names every team and"
                                       " its job counts to whoever may scrape); off: totals only.")
-    # Webhooks (docs/notifications.md).
-    webhook_allow_private: bool = Field(False, description="Allow webhook URLs on loopback, private and link-local"
-                                        " addresses (single-machine installs, tests). Off: refused.")
-    webhook_timeout_s: float = Field(10.0, gt=0, le=120, description="Connect and read timeout of one delivery.")
-    webhook_concurrency: int = Field(8, ge=1, le=256, description="Deliveries one dispatcher process makes at once.")
-    webhook_retry_base_s: float = Field(2.0, gt=0, description="Delay before the first retry; doubles each attempt"
-                                        " (with jitter) up to webhook_retry_max_s.")
-    webhook_retry_max_s: float = Field(3600.0, gt=0, description="Longest delay between two attempts.")
-    webhook_retry_horizon_s: float = Field(86400.0, gt=0, description="How long a delivery is retried before it"
-                                           " is given up (default 24 h).")
-    webhook_secret_grace_s: float = Field(86400.0, ge=0, description="After a rotation, how long the previous"
-                                          " secret still signs deliveries beside the new one.")
-    webhook_poll_s: float = Field(1.0, gt=0, description="How often the delivery worker looks for due deliveries.")
     # Logs and the dispatcher's own metrics (docs/observability.md).
     log_format: Literal["text", "json"] = Field(
         "text", description="Process logs: 'text' (one readable line) or 'json' (one JSON object per line: ts,"
@@ -95,6 +93,31 @@ class Settings(BaseSettings):
     @classmethod
     def _upper_level(cls, value: object) -> object:
         return value.upper() if isinstance(value, str) else value
+    # Webhooks (docs/notifications.md).
+    webhook_allow_private: bool = Field(False, description="Allow webhook URLs on loopback, private and link-local"
+                                        " addresses (single-machine installs, tests). Off: refused.")
+    webhook_timeout_s: float = Field(10.0, gt=0, le=120, description="Connect and read timeout of one delivery.")
+    webhook_concurrency: int = Field(8, ge=1, le=256, description="Deliveries one dispatcher process makes at once.")
+    webhook_retry_base_s: float = Field(2.0, gt=0, description="Delay before the first retry; doubles each attempt"
+                                        " (with jitter) up to webhook_retry_max_s.")
+    webhook_retry_max_s: float = Field(3600.0, gt=0, description="Longest delay between two attempts.")
+    webhook_retry_horizon_s: float = Field(86400.0, gt=0, description="How long a delivery is retried before it"
+                                           " is given up (default 24 h).")
+    webhook_secret_grace_s: float = Field(86400.0, ge=0, description="After a rotation, how long the previous"
+                                          " secret still signs deliveries beside the new one.")
+    webhook_poll_s: float = Field(1.0, gt=0, description="How often the delivery worker looks for due deliveries.")
+    # Shared GPUs: pools, quotas, admission (docs/scheduling.md, "Operating pools and quotas").
+    pools_file: Path | None = Field(None, description="A YAML file of pools and team quotas (SHARDCTL_POOLS_FILE),"
+                                    " loaded by serve and worker at start (its pools and quotas replace those an"
+                                    " earlier load of a file wrote; those declared through the API stay).")
+    local_gpus: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}:[0-9]{1,7}$",
+                                   description="What the local machine has, instead of detecting it with nvidia-smi:"
+                                   " KIND:COUNT, e.g. H100-SXM-80GB:8 or cpu:4 (SHARDCTL_LOCAL_GPUS).")
+    usage_half_life_h: float = Field(168.0, gt=0, le=100_000, description="Half-life of past usage in the"
+                                     " fair-share order, hours (Slurm's PriorityDecayHalfLife).")
+    usage_blend: float = Field(0.5, ge=0, le=1, description="Weight of decayed past usage against current use"
+                               " in the fair-share order (0: current use only).")
+    min_runtime_s: float = Field(600.0, ge=0, description="A running job younger than this is never preempted.")
 
     @cached_property
     def resolved_database_url(self) -> str:

@@ -13,10 +13,12 @@ One cycle (`run_once`):
    expires; the next dispatcher finds the name and adopts it, so nothing is submitted twice.
 3. **Reconcile** every tracked job with one `poll` per backend, and apply what changed as state
    transitions (each one an event). A backend that cannot be reached is "unknown for now".
-   Failures a retry can fix (node failure, preemption, lost; capacity once a backend reports it) go back to QUEUED with
-   backoff, up to `max_attempts`; the program's own error fails the job with its exit code and log
-   tail. CANCELLING jobs are cancelled on the backend until it confirms. (A job's token stops
-   working `job_token_grace_s` after the job ends: `service.store.tokens.authenticate` derives it.)
+   Failures a retry can fix (`service.failures.RETRIED`: node_failure, preempted, lost, capacity) go
+   back to QUEUED with backoff, up to `max_attempts`; the others (program_error, oom_gpu, oom_host,
+   launch_error, timeout) fail the job. Each closed attempt keeps its class, the program's exit code,
+   the reason and the program's last lines (docs/failures.md). CANCELLING jobs are cancelled on the
+   backend until it confirms. (A job's token stops working `job_token_grace_s` after the job ends:
+   `service.store.tokens.authenticate` derives it.)
 """
 
 from __future__ import annotations
@@ -35,20 +37,21 @@ from datetime import timedelta
 from typing import Any
 
 from pydantic import SecretStr
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from service.jobenv import JobEnv
 from service.observability import counters
 from service.planner.result import Plan
 from service.redaction import redact_strings
+from service.scheduling.snapshot import SnapshotParams
 from service.spec import TrainingSpec
 from service.store.models import Attempt, Job, as_utc, utcnow
 from service.store.states import add_event, transition
 from service.store.tokens import create_token
-from service.store.vocab import AttemptStatus, EventKind, JobStatus, Role
+from service.store.vocab import AttemptStatus, EventKind, FailureClass, JobStatus, Role
+from workers import admission
 from workers.backends.base import (
-    RETRYABLE,
     Backend,
     BackendUnavailable,
     Handle,
@@ -84,6 +87,9 @@ class DispatcherConfig:
     max_attempts: int = 3
     retry_backoff_s: float = 5.0
     api_url: str | None = None
+    preempt_grace_s: float = 30.0  # notice a preempted job gets to checkpoint before it is killed
+    #: what admission reads besides the store (local GPUs, usage half-life, blend, minimum runtime)
+    scheduling: SnapshotParams = field(default_factory=SnapshotParams)
 
 
 @dataclass
@@ -173,21 +179,21 @@ class Dispatcher:
     # -- leasing and submission ----------------------------------------------------------------
 
     def lease(self) -> list[int]:
-        """Take up to `batch` submittable jobs, highest priority first; return their ids."""
-        now = utcnow()
+        """Take up to `batch` submittable jobs: those that hold an admission already (an interrupted
+        submission, an admitted job not yet leased, a backend admission does not manage), then those
+        the scheduling engine admits now, in its order (`workers.admission`). Returns their ids.
+        The preemptions the decision asks for are carried out after it commits (`preempt`); a backend
+        that cannot be reached leaves the victim running, and the next cycle decides again."""
         with self.sessions.begin() as session:
-            stmt = (select(Job.id)
-                    .where(Job.status.in_([S.QUEUED, S.SUBMITTING]),
-                           or_(Job.lease_expires_at.is_(None), Job.lease_expires_at < now))
-                    .order_by(Job.priority.desc(), Job.id).limit(self.config.batch))
-            if self._postgres:
-                stmt = stmt.with_for_update(skip_locked=True)
-            ids = list(session.scalars(stmt))
-            if ids:
-                session.execute(update(Job).where(Job.id.in_(ids)).values(
-                    lease_owner=self.config.owner,
-                    lease_expires_at=now + timedelta(seconds=self.config.lease_s)))
-        return ids
+            leased = admission.lease(session, now=utcnow(), owner=self.config.owner, lease_s=self.config.lease_s,
+                                     batch=self.config.batch, params=self.config.scheduling)
+        for chosen in leased.decision.preempted if leased.decision is not None else []:
+            try:
+                self.preempt(chosen.victim, by=chosen.by, reason=chosen.reason)
+            except (BackendUnavailable, TransientBackendError) as exc:
+                log.warning("job %d not preempted this cycle: %s", chosen.victim, exc,
+                            extra={"job_id": chosen.victim, "decision": "preempt_failed", "by": chosen.by})
+        return leased.ids
 
     def _owned(self, session: Session, job_id: int) -> Job | None:
         job = session.get(Job, job_id, with_for_update=self._postgres)
@@ -242,8 +248,12 @@ class Dispatcher:
             with self.sessions.begin() as session:
                 job = self._owned(session, job_id)
                 if job is not None and job.status == S.SUBMITTING:
+                    refused = job.attempts[-1]
+                    refused.status, refused.failure, refused.exit_reason, refused.finished_at = (
+                        AttemptStatus.FAILED, FailureClass.LAUNCH_ERROR, str(exc), utcnow())
                     transition(session, job, S.FAILED, actor=self.actor,
-                               message=f"{job.backend} refused the submission: {exc}")
+                               message=f"{FailureClass.LAUNCH_ERROR}: {job.backend} refused the submission: {exc}",
+                               data={"failure": FailureClass.LAUNCH_ERROR.value, "reason": str(exc)})
                     job.lease_owner = job.lease_expires_at = None
             return
         failpoint("after-backend-answer")
@@ -280,6 +290,62 @@ class Dispatcher:
         log.warning("job %d released, tried again in %.0f s: %s", job_id, self.config.retry_backoff_s,
                     redact_strings(why),
                     extra={"job_id": job_id, "decision": "released", "backoff_s": self.config.retry_backoff_s})
+
+    # -- preemption ----------------------------------------------------------------------------
+
+    def preempt(self, job_id: int, *, by: int, reason: str) -> None:
+        """Stop job `job_id`'s current attempt with notice, because job `by` needs its devices (`reason` says
+        why, for people). Called by admission; safe to call from any dispatcher replica.
+
+        In one transaction: the attempt is marked as being preempted (its `failure` is `preempted` while it
+        still runs, with `exit_reason` "preempted by job <by>: <reason>"), so it is never chosen twice, and
+        a `job.preempted` event names who and why. Then, outside it, the backend is asked to stop it with
+        `preempt_grace_s` of notice (`Backend.preempt`: SIGTERM, the kill after the grace period). When the
+        backend reports the end, the job goes back to QUEUED at once, keeps its place (admission orders by
+        submission time) and the preempted attempt does not count against `max_attempts`; on Slurm the
+        backend requeues the same job itself (`_record_requeues`). A job that is not PENDING or RUNNING, or
+        is already being preempted, is left alone. If the backend cannot be reached the mark is undone
+        (the caller may choose again) and the backend's error is raised."""
+        grace = self.config.preempt_grace_s
+        with self.sessions.begin() as session:
+            job = session.get(Job, job_id, with_for_update=self._postgres)
+            backend = self.backends.get(job.backend) if job is not None else None
+            if job is None or backend is None or job.status not in (S.PENDING, S.RUNNING) or not job.attempts:
+                log.info("not preempting job %s: it is not running here", job_id)
+                return
+            attempt = job.attempts[-1]
+            if attempt.failure == FailureClass.PREEMPTED or attempt.finished_at is not None:
+                return
+            attempt.failure = FailureClass.PREEMPTED
+            attempt.exit_reason = f"preempted by job {by}: {reason}"
+            add_event(session, job, actor=self.actor, kind=EventKind.PREEMPTED,
+                      message=f"preempted by job {by}: {reason} (attempt {attempt.number};"
+                              f" {grace:.0f} s to checkpoint)",
+                      data={"by": by, "reason": reason, "attempt": attempt.number, "grace_s": grace})
+            attempt_id = attempt.id
+            handle = Handle(name=attempt.backend_name, backend_id=attempt.backend_id)
+        try:
+            backend.preempt(handle, grace)
+        except (BackendUnavailable, TransientBackendError) as exc:
+            with self.sessions.begin() as session:
+                undo = session.get(Attempt, attempt_id)
+                job = session.get(Job, job_id)
+                if undo is not None and job is not None and undo.finished_at is None:
+                    undo.failure = undo.exit_reason = None
+                    add_event(session, job, actor=self.actor, kind=EventKind.BACKEND_UNREACHABLE,
+                              message=f"the preemption of attempt {undo.number} was not delivered: {exc}")
+            raise
+
+    @staticmethod
+    def _preempted_end(attempt: Attempt, obs: Observation) -> Observation:
+        """An attempt this dispatcher preempted ends as `preempted` however its backend words the end (a
+        deleted Kubernetes workload reads CANCELLED or MISSING, a program that ignored SIGTERM FAILED)."""
+        if attempt.failure != FailureClass.PREEMPTED or attempt.finished_at is not None:
+            return obs
+        if obs.state not in (RunState.FAILED, RunState.CANCELLED, RunState.MISSING):
+            return obs
+        why = attempt.exit_reason if not obs.reason else f"{attempt.exit_reason} ({obs.reason})"
+        return obs.model_copy(update={"state": RunState.FAILED, "failure": FailureClass.PREEMPTED, "reason": why})
 
     # -- reconciliation ------------------------------------------------------------------------
 
@@ -324,6 +390,9 @@ class Dispatcher:
             attempt = job.attempts[-1]
             status = job.status
             attempt = self._record_requeues(session, job, attempt, obs)
+            if obs.state == RunState.RUNNING and attempt.started_at is None:  # usage counts from here
+                attempt.started_at = utcnow()
+            obs = self._preempted_end(attempt, obs)
             if obs.nodes and attempt.nodes != obs.nodes:
                 attempt.nodes = obs.nodes
             if obs.state == RunState.RUNNING and status == S.PENDING:
@@ -343,12 +412,13 @@ class Dispatcher:
                 self._finish(attempt, obs)
                 self._failed(session, job, status, obs)
             elif obs.state == RunState.MISSING and status == S.CANCELLING:
-                self._finish(attempt, obs)
+                self._finish(attempt, obs.model_copy(update={"failure": FailureClass.CANCELLED}))
                 transition(session, job, S.CANCELLED, actor=self.actor, message="gone from the backend after cancel")
             elif obs.state == RunState.MISSING and utcnow() - as_utc(attempt.created_at) > MISSING_GRACE:
+                obs = obs.model_copy(update={"failure": FailureClass.LOST,
+                                             "reason": "the backend no longer knows this submission"})
                 self._finish(attempt, obs)
-                self._failed(session, job, status, obs.model_copy(update={
-                    "failure": "lost", "reason": "the backend no longer knows this submission"}))
+                self._failed(session, job, status, obs)
             return int(job.status != status)
 
     def _record_requeues(self, session: Session, job: Job, attempt: Attempt, obs: Observation) -> Attempt:
@@ -363,6 +433,7 @@ class Dispatcher:
             why = obs.requeue_reasons[index] if index < len(obs.requeue_reasons) else "requeued by the backend"
             attempt.status, attempt.exit_reason, attempt.finished_at = (AttemptStatus.PREEMPTED, f"requeued: {why}",
                                                                          utcnow())
+            attempt.failure = FailureClass.PREEMPTED
             nxt = Attempt(job_id=job.id, number=attempt.number + 1, backend_name=attempt.backend_name,
                           backend_id=attempt.backend_id, status=AttemptStatus.PENDING, nodes=[])
             session.add(nxt)
@@ -370,29 +441,56 @@ class Dispatcher:
             add_event(session, job, actor=self.actor, kind=EventKind.REQUEUED,
                       message=f"attempt {attempt.number} {why}; the backend requeued it as attempt {nxt.number}",
                       data={"attempt": nxt.number, "reason": why})
+            if why.startswith("preempted"):  # the scheduler's own preemption (e.g. a higher PriorityTier partition)
+                add_event(session, job, actor=self.actor, kind=EventKind.PREEMPTED,
+                          message=f"preempted by {job.backend}'s scheduler: {why}",
+                          data={"by": None, "by_backend": job.backend, "reason": why, "attempt": attempt.number})
             runs.append(nxt)
             attempt = nxt
         return attempt
 
     def _finish(self, attempt: Attempt, obs: Observation) -> None:
+        """Close the attempt with the backend's evidence: the failure class (None when it succeeded),
+        the program's own exit code, the reason and the program's last lines."""
         attempt.status = AttemptStatus(obs.state.value)
         attempt.exit_code = obs.exit_code
         attempt.exit_reason = obs.reason
+        attempt.failure = obs.failure if obs.state != RunState.SUCCEEDED else None
+        attempt.log_tail = obs.log_tail
         attempt.finished_at = utcnow()
 
     def _failed(self, session: Session, job: Job, status: JobStatus, obs: Observation) -> None:
-        data = {"exit_code": obs.exit_code, "failure": obs.failure, "reason": obs.reason,
-                "log_tail": obs.log_tail}
+        data = {"exit_code": obs.exit_code, "failure": obs.failure.value if obs.failure else None,
+                "reason": obs.reason, "log_tail": obs.log_tail}
         if status == S.CANCELLING:
             transition(session, job, S.CANCELLED, actor=self.actor, message=f"stopped: {obs.reason}", data=data)
             return
-        if obs.failure in RETRYABLE and len(job.attempts) < self.config.max_attempts:
-            backoff = self.config.retry_backoff_s * 2 ** (len(job.attempts) - 1)
+        if obs.failure == FailureClass.PREEMPTED:  # back at once, in its place; not counted against max_attempts
             transition(session, job, S.QUEUED, actor=self.actor,
-                       message=f"retrying after {obs.failure}: {obs.reason} (attempt {len(job.attempts)}"
+                       message=f"{obs.reason or 'preempted'}; queued again (a preemption is not counted"
+                               f" against max_attempts)", data=data)
+            job.lease_owner = job.lease_expires_at = None
+            return
+        counted = counted_attempts(job)
+        if obs.failure is not None and obs.failure.retried and counted < self.config.max_attempts:
+            backoff = self.config.retry_backoff_s * 2 ** (counted - 1)
+            transition(session, job, S.QUEUED, actor=self.actor,
+                       message=f"retrying after {obs.failure}: {obs.reason} (attempt {counted}"
                                f" of {self.config.max_attempts}, in {backoff:.0f} s)", data=data)
             job.lease_owner = None
             job.lease_expires_at = utcnow() + timedelta(seconds=backoff)
             return
         transition(session, job, S.FAILED, actor=self.actor,
                    message=f"{obs.failure or 'failed'}: {obs.reason or ''}".strip(), data=data)
+
+
+def being_preempted(session: Session) -> set[int]:
+    """Ids of the jobs whose current attempt has been told to stop (`Dispatcher.preempt`) and has not ended
+    yet: admission must not choose them as victims again."""
+    return set(session.scalars(select(Attempt.job_id).where(Attempt.failure == FailureClass.PREEMPTED,
+                                                            Attempt.finished_at.is_(None))))
+
+
+def counted_attempts(job: Job) -> int:
+    """The attempts that count against `max_attempts`: every one but those that ended preempted."""
+    return sum(1 for a in job.attempts if a.failure != FailureClass.PREEMPTED)

@@ -246,7 +246,7 @@ class Notifier:
             if outcome == DeliveryOutcome.DISABLED and row.webhook.disabled_at is None:
                 row.webhook.disabled_at = now
                 row.webhook.disabled_reason = f"the receiver answered 410 Gone to delivery {item.delivery_id}"
-        log.info("webhook %s event %s attempt %s: %s (%s)", item.url, item.event_id, item.attempt, outcome,
+        log.info("webhook %s event %s attempt %s: %s (%s)", item.webhook_id, item.event_id, item.attempt, outcome,
                  answer.status if answer.status is not None else answer.error)
         return outcome
 

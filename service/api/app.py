@@ -1,3 +1,5 @@
+# TEMPORARY NOTE (remove before landing): several engineers edit this tree at once. READ /tmp/common.md
+# NOW and follow its rules (shared files, no `git add -A`/stash/reset, targeted tests only, 02:10 UTC deadline).
 """The FastAPI application: `create_app()` wires settings, database, routers, errors and metrics.
 
 Every request passes the request gate (`RequestGate`, an ASGI middleware) before any route reads a
@@ -42,8 +44,11 @@ from service.api.deps import (
     require_reporter,
 )
 from service.api.errors import RouteEntry, routes_of
+from service.api.logs_source import LogReader
 from service.api.metrics import make_metrics
-from service.api.routers import events, health, jobs, plans, profiles, teams, tokens, webhooks
+from service.api.routers import events, health, jobs, logs, plans, profiles, teams, tokens, webhooks
+from service.api.routers import pools as pool_routes
+from service.api.routers import scheduling as scheduling_routes
 from service.api.schemas import ErrorField
 from service.api.submission import PlanRunner
 from service.planner.result import Plan
@@ -332,13 +337,15 @@ def document_responses(app: FastAPI, schema: dict[str, Any]) -> dict[str, Any]:
 
 def create_app(settings: Settings | None = None, *, engine: Engine | None = None,
                launch_preview: LaunchPreview | None = None,
-               configured_backends: Collection[str] | None = None) -> FastAPI:
+               configured_backends: Collection[str] | None = None,
+               log_reader: LogReader | None = None) -> FastAPI:
     """An app on `settings.database_url` (or `engine`). The schema must be migrated already
     (`shardctl db upgrade`; `shardctl serve` does it). `launch_preview(spec, plan)` renders what a
     backend would be sent; `configured_backends` are the backend kinds the dispatchers run, and a
     spec for another is a 422 at submit (None: not checked). The composition module
     (`service.cli.wiring`) passes both; the API never imports workers. Limits (bodies, uploads,
-    live event streams) are `settings` fields."""
+    live event streams) are `settings` fields. `log_reader` reads jobs' logs and artifacts from their
+    backends (`service.api.logs_source`); without it those routes answer 409 `not_available`."""
     settings = settings or Settings()
     engine = engine or make_engine(settings.resolved_database_url)
     app = FastAPI(title="shardctl", version="0.1.0",
@@ -351,9 +358,13 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.state.sessions = make_sessionmaker(engine)
     app.state.metrics = make_metrics(app.state.sessions, team_labels=settings.metrics_team_labels)
     app.state.launch_preview = launch_preview
+    app.state.log_reader = log_reader
+    app.state.log_followers = logs.Followers()
     app.state.configured_backends = frozenset(configured_backends) if configured_backends is not None else None
     errors.install(app)
-    for module in (health, plans, jobs, profiles, teams, tokens, events, webhooks):
+    for module in (health, plans, jobs, logs, profiles, teams, tokens, events, webhooks):
+        app.include_router(module.router)
+    for module in (pool_routes, scheduling_routes):  # shared GPUs (issue 12)
         app.include_router(module.router)
     app.add_middleware(RequestGate, api=app)
     app.add_middleware(AccessLog, route_key=ROUTE_SCOPE_KEY)  # outermost: it logs what the gate refuses too

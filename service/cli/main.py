@@ -11,6 +11,7 @@ from rich.console import Console
 from typer.core import TyperGroup
 
 from service.cli import control, notify
+from service.cli import logs as logs_cli
 from service.cli.profile import profile_app
 from service.cli.render import (
     EXIT_DOES_NOT_FIT,
@@ -21,6 +22,7 @@ from service.cli.render import (
     plan_panel,
 )
 from service.cli.scheduling import register as register_scheduling
+from service.cli.scheduling_cmds import register as register_scheduling_cmds
 from service.planner import Plan, plan
 from service.spec import LayoutPins, TrainingSpec, load_spec, spec_json_schema
 
@@ -61,10 +63,13 @@ app.add_typer(control.token_app, name="token")
 app.add_typer(control.team_app, name="team")
 app.add_typer(control.db_app, name="db")
 register_scheduling(app)  # simulate, export kueue|slurm
+register_scheduling_cmds(app)  # why, usage, pools list|set|rm, quota get|set
 app.add_typer(notify.webhooks_app, name="webhooks")
 for command in (control.serve, control.worker, control.submit, control.jobs, control.show, notify.events,
                 control.cancel):
     app.command()(command)
+app.command("logs")(logs_cli.logs)
+app.command("artifacts")(logs_cli.artifacts)
 console = Console()
 
 

@@ -64,15 +64,30 @@ def make_backends(settings: Settings) -> dict[str, Backend]:
     return registry.make_backends(settings)
 
 
+def load_pools(settings: Settings, sessions: Sessions) -> None:
+    """At start (serve, worker): SHARDCTL_POOLS_FILE's pools and quotas into the store (source file),
+    and this machine's detected pools when no local pool is declared. A bad file stops the start with
+    its path and the field at fault."""
+    from service.scheduling.config_file import load_pools_file
+    from service.store.pools import load_at_start
+
+    declared = load_pools_file(settings.pools_file) if settings.pools_file is not None else None
+    with sessions.begin() as session:
+        load_at_start(session, declared, settings.local_gpus)
+
+
 def make_dispatcher(settings: Settings, sessions: Sessions, backends: Mapping[str, Backend],
                public_url: str | None = None) -> Dispatcher:
     """The dispatcher over `backends`, configured from `settings`; jobs report to `public_url` (default:
-    `settings.public_url`)."""
+    `settings.public_url`). Loads the pools first (`load_pools`)."""
+    from service.scheduling.snapshot import SnapshotParams
     from workers.dispatcher import Dispatcher, DispatcherConfig
 
+    load_pools(settings, sessions)
     config = DispatcherConfig(lease_s=settings.dispatcher_lease_s, batch=settings.dispatcher_batch,
                               max_attempts=settings.max_attempts, retry_backoff_s=settings.retry_backoff_s,
-                              api_url=public_url or settings.public_url)
+                              api_url=public_url or settings.public_url,
+                              scheduling=SnapshotParams.from_settings(settings))
     return Dispatcher(sessions, backends, config)
 
 
@@ -99,10 +114,12 @@ def start_notifier(settings: Settings, sessions: Sessions, stop: threading.Event
 def make_app(settings: Settings, sessions: Sessions, backends: Mapping[str, Backend], public_url: str) -> FastAPI:
     """The API on `sessions`' engine, told which backends the installation runs (`settings.backends`
     when set, else those built here) and how to preview what they would be sent (`POST /v1/plans`,
-    `shardctl submit --dry-run`)."""
+    `shardctl submit --dry-run`), and how to read jobs' logs and artifacts from them."""
     from service.api.app import create_app
+    from workers.backends.outputs import BackendOutputs
     from workers.dispatcher import launch_preview
 
+    load_pools(settings, sessions)
     configured = [str(kind) for kind in settings.backends] if settings.backends is not None else sorted(backends)
     return create_app(settings, engine=sessions.kw["bind"], launch_preview=launch_preview(backends, public_url),
-                      configured_backends=configured)
+                      configured_backends=configured, log_reader=BackendOutputs(backends))

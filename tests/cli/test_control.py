@@ -128,8 +128,13 @@ def test_an_unreachable_api_says_how_to_start_it(cli, monkeypatch: pytest.Monkey
 
 
 def test_db_upgrade_reports_the_revision(cli) -> None:
+    from alembic.script import ScriptDirectory
+
+    from service.store.migrate import alembic_config
+
+    head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
     code, out = cli("db", "upgrade")
-    assert code == 0 and "revision 0002" in out
+    assert code == 0 and f"revision {head}" in out and head is not None
 
 
 def test_submit_example_through_the_api(cli) -> None:

@@ -158,10 +158,12 @@ def test_two_dispatchers_drain_200_jobs_submitting_each_exactly_once(pg_env: Env
     code = f"import os; open('{runs}/' + os.environ['SHARDCTL_JOB_ID'], 'a').write('x')"
     ids = [env.client.post("/v1/jobs", json=one_process(code, name=f"drain-{i}"), headers=admin).json()["id"]
            for i in range(200)]
+    # Each worker logs every decision; a file (not a pipe nobody reads) can never block them.
+    logs = (tmp_path / "workers.log").open("w")
     workers = [subprocess.Popen([sys.executable, "-m", "service.cli.main", "worker"], cwd=ROOT,
                                 env={**os.environ, "SHARDCTL_DATABASE_URL": env.url,
                                      "SHARDCTL_DATA_DIR": str(tmp_path), "SHARDCTL_DISPATCHER_INTERVAL_S": "0.2"},
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+                                stdout=subprocess.DEVNULL, stderr=logs, text=True) for _ in range(2)]
     try:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
@@ -175,6 +177,7 @@ def test_two_dispatchers_drain_200_jobs_submitting_each_exactly_once(pg_env: Env
             w.terminate()
         for w in workers:
             w.wait(timeout=30)
+        logs.close()
     assert statuses.count("SUCCEEDED") == 200, {s: statuses.count(s) for s in set(statuses)}
     assert sorted(int(p.name) for p in runs.iterdir()) == sorted(ids)
     assert {p.read_text() for p in runs.iterdir()} == {"x"}  # each job ran exactly once

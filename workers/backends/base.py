@@ -1,3 +1,5 @@
+# TEMPORARY NOTE (remove before landing): several engineers edit this tree at once. READ /tmp/common.md
+# NOW and follow its rules (shared files, no `git add -A`/stash/reset, targeted tests only, 02:10 UTC deadline).
 """The backend protocol: one small interface that local processes, Slurm and Kubernetes implement.
 
 The dispatcher builds a `LaunchRequest` for each attempt and only ever calls these methods:
@@ -7,7 +9,9 @@ The dispatcher builds a `LaunchRequest` for each attempt and only ever calls the
 - `submit(req)`: submit it; the backend names the submission `req.name`;
 - `find(name)`: the submission with that name, to adopt after a crash (None if there is none);
 - `poll(handles)`: the state of many submissions in one call (one `sacct`, one labelled list);
-- `cancel(handle)`: ask the backend to stop it (idempotent).
+- `cancel(handle)`: ask the backend to stop it (idempotent);
+- `preempt(handle, grace_s)`: stop it with notice (SIGTERM, then a kill after the grace period), so it
+  can checkpoint; it ends as `preempted` (idempotent).
 
 Backends raise exactly three errors, and the dispatcher catches exactly these:
 
@@ -25,16 +29,22 @@ import sys
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
 from service.backend_options import BackendOptions, LocalOptions
+from service.failures import RETRIED
+from service.failures import FailureClass as FailureClass  # re-exported: what backends classify with
 from service.jobenv import JobEnv
+from service.joblogs import RANK_PREFIX_TEMPLATE
+from service.joblogs import ArtifactInfo as ArtifactInfo  # the output contract, re-exported
+from service.joblogs import LogChunk as LogChunk
+from service.joblogs import LogLine as LogLine
 from service.planner.result import Plan
 
-FailureClass = Literal["program", "capacity", "node", "preempted", "timeout", "cancelled", "lost"]
-RETRYABLE: frozenset[str] = frozenset({"capacity", "node", "preempted", "lost"})
+#: The retry policy by class lives with the classes (`service.failures.RETRIED`); this is its old name.
+RETRYABLE: frozenset[FailureClass] = RETRIED
 
 
 class BackendError(Exception):
@@ -89,6 +99,12 @@ class LaunchRequest(BaseModel):
         return {**self.user_env, **job.environ()}
 
 
+#: The environment that makes a job's output readable while it runs: torchrun prefixes each teed line
+#: with the global rank (see `torchrun_command`), and Python processes (torchrun, the ranks) write
+#: each line when it is printed rather than when a buffer fills or the process ends.
+LOG_ENV = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": RANK_PREFIX_TEMPLATE, "PYTHONUNBUFFERED": "1"}
+
+
 def attempt_name(job_id: int, attempt: int) -> str:
     return f"shardctl-{job_id}-{attempt}"
 
@@ -108,15 +124,22 @@ def local_path_env(env: Mapping[str, str], bindir: str | None = None) -> dict[st
     return {**env, "PATH": bindir + os.pathsep + env.get("PATH", os.defpath)}
 
 
-def torchrun_command(req: LaunchRequest, *, rdzv_endpoint: str, node_rank: str | None = None) -> list[str]:
+def torchrun_command(req: LaunchRequest, *, rdzv_endpoint: str, node_rank: str | None = None,
+                     log_dir: str | None = None) -> list[str]:
     """`torchrun` for one node of the job: the plan's world, c10d rendezvous on the first node.
 
-    `--no-python`: the entrypoint is a whole command line (`python -m ...`, a binary), not a script."""
+    `--no-python`: the entrypoint is a whole command line (`python -m ...`, a binary), not a script.
+    `log_dir`: teed output (`--tee=3`): torchrun keeps each local rank's stdout and stderr in files under
+    `log_dir` and copies every line to its own stdout/stderr behind a rank prefix (`[rank<global
+    rank>]:` with `LOG_ENV` in the environment), which is how the backends' log readers tell
+    the ranks apart in a node's merged output."""
     args = ["python", "-m", "torch.distributed.run", "--no-python", f"--nnodes={req.nodes}",
             f"--nproc-per-node={req.procs_per_node}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
             f"--rdzv-id={req.name}", "--max-restarts=0"]
     if node_rank is not None:
         args.append(f"--node-rank={node_rank}")
+    if log_dir is not None:
+        args += ["--tee=3", f"--log-dir={log_dir}"]
     return [*args, *req.command]
 
 
@@ -170,3 +193,31 @@ class Backend(Protocol):
     def poll(self, handles: Sequence[Handle]) -> dict[str, Observation]: ...
 
     def cancel(self, handle: Handle) -> None: ...
+
+    def preempt(self, handle: Handle, grace_s: float) -> None:
+        """Ask the backend to stop the submission WITH NOTICE, so the job can checkpoint: its processes get
+        SIGTERM (Slurm: its requeue signals) and are killed `grace_s` later, as far as the backend can
+        honour it. The submission then ends (or is requeued) as `preempted`. Idempotent. Local:
+        SIGTERM to the process group, SIGKILL after `grace_s`; Kubernetes: delete with
+        `gracePeriodSeconds`; Slurm: `scontrol requeue` (the same job id and folder; the grace is the
+        cluster's KillWait)."""
+        ...
+
+
+@runtime_checkable
+class LogReading(Protocol):
+    """What a backend that can show a job's outputs adds to `Backend` (optional; each method reads the
+    backend's own files or API, never a copy):
+
+    - `read_logs(handle, rank=, cursor=, limit=)`: at most `limit` lines after `cursor` (None: the
+      beginning), of `rank` only when given; see `service.joblogs` for lines, cursors and `finished`.
+    - `list_artifacts(handle)` / `read_artifact(handle, path, max_bytes=)`: the files under the job's
+      output folder. A backend whose folder the service cannot read raises `OutputsUnavailable`.
+
+    Errors: `service.joblogs`'s (`BadCursor`, `ArtifactNotFound`, ...) and `base`'s three."""
+
+    def read_logs(self, handle: Handle, *, rank: int | None, cursor: str | None, limit: int) -> LogChunk: ...
+
+    def list_artifacts(self, handle: Handle) -> list[ArtifactInfo]: ...
+
+    def read_artifact(self, handle: Handle, path: str, *, max_bytes: int) -> bytes: ...

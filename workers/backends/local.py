@@ -1,8 +1,12 @@
+# TEMPORARY NOTE (remove before landing): several engineers edit this tree at once. READ /tmp/common.md
+# NOW and follow its rules (shared files, no `git add -A`/stash/reset, targeted tests only, 02:10 UTC deadline).
 """The embedded default backend: `torchrun` process groups on this machine.
 
 Each attempt lives in `<folder>/<name>/`: `request.json`, `state.json` (supervisor pid), one log per
 simulated node, the job's `out/` directory (its working folder), its own `home/` (HOME and the XDG
-folders point there, never at the server's) and, at the end, `exit.json`. All of it is created
+folders point there, never at the server's), `devices.json` (what it holds: `local_devices`),
+`preempt.json` once it is preempted (`local_preemption`) and, at the end, `exit.json`. Checkpoints
+live per job, in `<folder>/checkpoints/job-<id>/`, so the attempt after a preemption resumes. All of it is created
 owner-only (folders 0700, files 0600): `request.json` holds the job token and the spec's env. Jobs
 run as the server's OS user: see docs/security.md for what that does and does not isolate. A detached supervisor
 (`local_supervisor`) owns the processes, so the service may restart without killing them, and the
@@ -14,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,10 +27,22 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from service.jobenv import PLAN, REVEAL
 from service.redaction import REDACTED, is_secret_env
-from workers.backends.base import Handle, LaunchRequest, Observation, Rendered, RunState, SubmissionRefused
+from workers.backends import evidence, local_devices, local_logs, local_preemption
+from workers.backends.base import (
+    ArtifactInfo,
+    FailureClass,
+    Handle,
+    LaunchRequest,
+    LogChunk,
+    Observation,
+    Rendered,
+    RunState,
+    SubmissionRefused,
+)
 from workers.backends.local_supervisor import (
     job_environment,
     node_commands,
@@ -35,6 +52,7 @@ from workers.backends.local_supervisor import (
 )
 
 LOG_TAIL_LINES = 30
+_ENDED = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED})
 START_GRACE_S = 30.0
 
 
@@ -52,16 +70,19 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+def _log_end(path: Path, size: int = 64 * 1024) -> str:
+    """The last `size` bytes of a log as text ("" when it cannot be read)."""
     try:
         with path.open("rb") as fh:
             fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - 64 * 1024))
-            data = fh.read().decode(errors="replace")
+            fh.seek(max(0, fh.tell() - size))
+            return fh.read().decode(errors="replace")
     except OSError:
         return ""
-    return "\n".join(data.splitlines()[-lines:])
+
+
+def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    return "\n".join(_log_end(path).splitlines()[-lines:])
 
 
 class LocalBackend:
@@ -69,8 +90,12 @@ class LocalBackend:
 
     name = "local"
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, devices: local_devices.LocalDevices | None = None) -> None:
+        """`devices`: what attempts may hold (`local_devices`: disjoint `CUDA_VISIBLE_DEVICES`, CPU
+        affinity on the `cpu` kind; an attempt that does not fit now is a `TransientBackendError`).
+        None: no device accounting, every attempt starts and inherits the server's devices."""
         self.folder = folder
+        self.devices = devices
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     def _dir(self, name: str) -> Path:
@@ -81,7 +106,7 @@ class LocalBackend:
         (secret names redacted; `launch_preview` redacts credentials by value for every backend; the
         plan, which is the job's stored plan, left out for length)."""
         final = self._dir(req.name)
-        per_node = node_commands(req, "127.0.0.1:<free port>")
+        per_node = node_commands(req, "127.0.0.1:<free port>", final)
         env = {k: REDACTED if is_secret_env(k) else v for k, v in job_environment(req, final).items() if k != PLAN}
         return Rendered(backend=self.name, name=req.name, content={
             "folder": str(final), "nodes": req.nodes, "commands": per_node, "env": env})
@@ -95,6 +120,12 @@ class LocalBackend:
         tmp = self.folder / f".{req.name}.{uuid.uuid4().hex[:8]}"
         tmp.mkdir(mode=0o700)  # owner only, whatever the umask: it holds the job token
         write_private(tmp / "request.json", req.model_dump_json(context=REVEAL))  # the supervisor runs the job
+        if self.devices is not None:
+            try:  # under the device lock: nothing else hands these out until this attempt has ended
+                local_devices.claim(self.folder, tmp, req, self.devices)
+            except Exception:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
         log = open_private_log(self.folder / f".{req.name}.supervisor.log")
         try:
             subprocess.Popen([sys.executable, "-m", "workers.backends.local_supervisor", str(tmp), str(final)],
@@ -129,29 +160,66 @@ class LocalBackend:
         if exit_file.exists():
             result = json.loads(exit_file.read_text())
             if result.get("cancelled"):
-                return Observation(state=RunState.CANCELLED, nodes=nodes, failure="cancelled",
+                return Observation(state=RunState.CANCELLED, nodes=nodes, failure=FailureClass.CANCELLED,
                                    exit_code=result["exit_code"], reason="cancelled")
+            if result.get("launch_error"):
+                return Observation(state=RunState.FAILED, nodes=nodes, failure=FailureClass.LAUNCH_ERROR,
+                                   reason=str(result["launch_error"]))
+            if result.get("timed_out"):  # the supervisor stopped it at the spec's backend.time_limit
+                return Observation(state=RunState.FAILED, nodes=nodes, exit_code=result["exit_code"],
+                                   failure=FailureClass.TIMEOUT, log_tail=self._tail(folder, len(nodes)) or None,
+                                   reason=f"time limit reached ({result.get('time_limit_s')} s, backend.time_limit)")
             if result["exit_code"] == 0:
                 return Observation(state=RunState.SUCCEEDED, nodes=nodes, exit_code=0)
-            return Observation(state=RunState.FAILED, nodes=nodes, exit_code=result["exit_code"], failure="program",
-                               reason=f"exit code {result['exit_code']}", log_tail=self._tail(folder, len(nodes)))
+            if result.get("preempted"):  # local_preemption: stopped with notice; the job resumes elsewhere
+                return Observation(state=RunState.FAILED, nodes=nodes, exit_code=result["exit_code"],
+                                   failure=FailureClass.PREEMPTED,
+                                   reason=f"preempted (exit code {result['exit_code']})",
+                                   log_tail=self._tail(folder, len(nodes)) or None)
+            return self._failed(folder, nodes, result)
         if not state_file.exists():
             return Observation(state=RunState.PENDING)
         state = json.loads(state_file.read_text())
         if _alive(int(state["pid"])):
             return Observation(state=RunState.RUNNING, nodes=nodes)
         if (folder / "cancel.flag").exists():
-            return Observation(state=RunState.CANCELLED, nodes=nodes, failure="cancelled", reason="cancelled")
-        return Observation(state=RunState.FAILED, nodes=nodes, failure="lost",
+            return Observation(state=RunState.CANCELLED, nodes=nodes, failure=FailureClass.CANCELLED,
+                               reason="cancelled")
+        return Observation(state=RunState.FAILED, nodes=nodes, failure=FailureClass.LOST,
                            reason="the local supervisor died without recording an exit code",
                            log_tail=self._tail(folder, len(nodes)))
 
+    def _failed(self, folder: Path, nodes: list[str], result: dict[str, Any]) -> Observation:
+        """A run that exited non-zero, classified from its evidence (`docs/failures.md`): the program's
+        own exit code (torchrun's failure summary in a node log; the process's own code when it ran
+        alone), its own last lines, out-of-memory messages in them, and the OOM killer's count in this
+        cgroup (`oom_kills`, recorded by the supervisor) for a SIGKILL."""
+        logs = [_log_end(folder / f"node{rank}.log") for rank in range(max(1, len(nodes)))]
+        code = next((c for c in map(evidence.root_cause_exit_code, logs) if c is not None), None)
+        code = int(result["exit_code"]) if code is None else code
+        tail_text = self._tail(folder, len(nodes))
+        failure = evidence.memory_failure(tail_text)
+        killed = evidence.signal_name(code)
+        if failure is None and killed == "SIGKILL" and (result.get("oom_kills") or 0) > 0:
+            failure, reason = FailureClass.OOM_HOST, f"killed by the kernel's OOM killer (SIGKILL, exit {code})"
+        elif failure == FailureClass.OOM_GPU:
+            reason = f"out of GPU memory (CUDA out of memory; exit code {code})"
+        elif failure == FailureClass.OOM_HOST:
+            reason = f"out of host memory (MemoryError; exit code {code})"
+        else:
+            failure = FailureClass.PROGRAM_ERROR
+            reason = f"killed by {killed} (exit {code})" if killed and code < 0 else f"exit code {code}"
+        return Observation(state=RunState.FAILED, nodes=nodes, exit_code=code, failure=failure, reason=reason,
+                           log_tail=tail_text or None)
+
     def _tail(self, folder: Path, node_count: int) -> str:
+        """The last `LOG_TAIL_LINES` lines each node's program printed (torchrun's own lines left out),
+        headed `[node<n>]`; at most 8000 characters, the last ones."""
         parts = []
         for rank in range(max(1, node_count)):
-            text = tail(folder / f"node{rank}.log")
-            if text:
-                parts.append(f"[node{rank}]\n{text}")
+            lines = evidence.program_lines(_log_end(folder / f"node{rank}.log").splitlines())[-LOG_TAIL_LINES:]
+            if lines:
+                parts.append(f"[node{rank}]\n" + "\n".join(lines))
         return "\n".join(parts)[-8000:]
 
     def cancel(self, handle: Handle) -> None:
@@ -164,3 +232,19 @@ class LocalBackend:
             pgid = int(json.loads(state_file.read_text())["pgid"])
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGTERM)
+
+    def preempt(self, handle: Handle, grace_s: float) -> None:
+        """SIGTERM to the attempt's process group now; its supervisor SIGKILLs what is left after `grace_s`
+        (`local_preemption`). Idempotent; the attempt then ends as `preempted`."""
+        local_preemption.request(self._dir(handle.name), grace_s)
+
+    # -- outputs (`base.LogReading`; `local_logs` reads the run folder) ---------------------------------
+    def read_logs(self, handle: Handle, *, rank: int | None, cursor: str | None, limit: int) -> LogChunk:
+        done = self._observe(handle.name).state in _ENDED  # first: nothing written before the end is missed
+        return local_logs.read_logs(self._dir(handle.name), rank=rank, cursor=cursor, limit=limit, finished=done)
+
+    def list_artifacts(self, handle: Handle) -> list[ArtifactInfo]:
+        return local_logs.list_artifacts(self._dir(handle.name))
+
+    def read_artifact(self, handle: Handle, path: str, *, max_bytes: int) -> bytes:
+        return local_logs.read_artifact(self._dir(handle.name), path, max_bytes=max_bytes)

@@ -14,11 +14,16 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from workers.backends.base import LaunchRequest, local_path_env, torchrun_command
+from service.backend_options import LocalOptions, time_limit_seconds
+from service.jobenv import CHECKPOINT_DIR, PREEMPTED_EXIT_CODE
+from workers.backends import local_devices, local_preemption
+from workers.backends.base import LOG_ENV, LaunchRequest, local_path_env, torchrun_command
 
 #: What a local job inherits from the server's environment: enough to run Python and find devices,
 #: never the server's own settings or credentials (SHARDCTL_DATABASE_URL, cloud keys...). HOME is
@@ -47,8 +52,15 @@ def job_environment(req: LaunchRequest, final: Path, base: dict[str, str] | None
     output folder."""
     source = os.environ if base is None else base
     inherited = {k: source[k] for k in INHERITED if k in source}
-    return local_path_env({**inherited, **home_environment(job_home(final)),
-                           **req.environment(out_dir=str(final / "out"))})
+    return local_path_env({**inherited, **home_environment(job_home(final)), **LOG_ENV,
+                           **req.environment(out_dir=str(final / "out")),
+                           CHECKPOINT_DIR: str(job_checkpoint_dir(final.parent, req.job_id))})
+
+
+def job_checkpoint_dir(folder: Path, job_id: int) -> Path:
+    """Where every attempt of job `job_id` keeps its checkpoints (`$SHARDCTL_CHECKPOINT_DIR`): one folder
+    per job beside the attempt folders, so the attempt after a preemption resumes from the last one."""
+    return folder / "checkpoints" / f"job-{job_id}"
 
 
 def supervisor_environment(base: dict[str, str] | None = None) -> dict[str, str]:
@@ -84,12 +96,21 @@ def _write(path: Path, data: dict[str, object]) -> None:
     tmp.replace(path)
 
 
-def node_commands(req: LaunchRequest, endpoint: str) -> list[list[str]]:
+def node_commands(req: LaunchRequest, endpoint: str, final: Path | None = None) -> list[list[str]]:
     """One torchrun agent per simulated node; a single process runs its command directly (torchrun
-    would only add seconds of start-up), with the environment torchrun would have given it."""
+    would only add seconds of start-up), with the environment torchrun would have given it. With the
+    attempt folder `final`, each agent tees its ranks' output into `final/ranks/node<n>/` and onto its
+    node log behind a rank prefix (`local_logs` reads them)."""
     if req.world_size == 1:
         return [list(req.command)]
-    return [torchrun_command(req, rdzv_endpoint=endpoint, node_rank=str(rank)) for rank in range(req.nodes)]
+    return [torchrun_command(req, rdzv_endpoint=endpoint, node_rank=str(rank),
+                             log_dir=None if final is None else str(rank_log_dir(final, rank)))
+            for rank in range(req.nodes)]
+
+
+def rank_log_dir(final: Path, node: int) -> Path:
+    """Where node `node`'s torchrun keeps each local rank's own stdout and stderr files."""
+    return final / "ranks" / f"node{node}"
 
 
 def single_process_env(endpoint: str) -> dict[str, str]:
@@ -101,7 +122,8 @@ def single_process_env(endpoint: str) -> dict[str, str]:
 def main(tmp: Path, final: Path) -> int:
     os.umask(PRIVATE_UMASK)  # what the supervisor and the job create is private too (logs, out/, home/)
     try:
-        os.rename(tmp, final)
+        with local_devices.locked(final.parent):  # a device claim never sees the folder between two names
+            os.rename(tmp, final)
     except OSError:
         return 3
     _write(final / "state.json", {"pid": os.getpid(), "pgid": os.getpgid(0), "started_at": time.time()})
@@ -110,31 +132,130 @@ def main(tmp: Path, final: Path) -> int:
     env = job_environment(req, final)
     (final / "out").mkdir(mode=0o700, exist_ok=True)
     job_home(final).mkdir(mode=0o700, exist_ok=True)
+    job_checkpoint_dir(final.parent, req.job_id).mkdir(mode=0o700, parents=True, exist_ok=True)
+    devices = local_devices.read_assignment(final)  # None: started without device accounting
+    preempted_early = local_preemption.requested(final) is not None  # told to stop before anything started
     children: list[subprocess.Popen[bytes]] = []
     cancelled = False
 
     def on_term(_signum: int, _frame: FrameType | None) -> None:
         nonlocal cancelled
-        cancelled = True
+        if local_preemption.requested(final) is None:
+            cancelled = True
+        else:  # a preemption, not a cancel: SIGKILL what still runs when the grace period is over
+            local_preemption.arm_deadline(final)
         for child in children:
             if child.poll() is None:
                 child.terminate()
 
     signal.signal(signal.SIGTERM, on_term)
-    for rank, command in enumerate(node_commands(req, endpoint)):
+    launch_error: str | None = None
+    oom_before = oom_kill_count()
+    for rank, command in enumerate([] if preempted_early else node_commands(req, endpoint, final)):
         log = open_private_log(final / f"node{rank}.log")
         node_env = env if req.world_size > 1 else {**env, **single_process_env(endpoint)}
+        if devices is not None:
+            node_env = devices.node_environment(node_env, rank)
         try:
             children.append(subprocess.Popen(command, cwd=final / "out", env=node_env, stdout=log,
-                                             stderr=subprocess.STDOUT))
+                                             stderr=subprocess.STDOUT,
+                                             preexec_fn=_pin(devices.node_cpus(rank) if devices else None)))
+        except OSError as exc:  # exec refused it (E2BIG, ENOENT, EACCES): a launch error, reported as such
+            launch_error = f"node{rank} could not start {command[0]!r}: {exc}"
+            os.write(log, f"shardctl: {launch_error}\n".encode())
+            break
         finally:
             os.close(log)  # the child holds its own copy
-    codes = [child.wait() for child in children]
+    if launch_error is not None:  # the nodes that did start would wait for the missing one: stop them
+        on_term(signal.SIGTERM, None)
+    limit = TimeLimit(req, children)
+    codes = [child.wait() for child in children] if not preempted_early else [PREEMPTED_EXIT_CODE]
     exit_code = next((c for c in codes if c != 0), 0)
-    cancelled = cancelled or (final / "cancel.flag").exists()
+    limit.cancel()
+    cancelled = (cancelled and launch_error is None) or (final / "cancel.flag").exists()
     _write(final / "exit.json", {"exit_code": exit_code, "codes": codes, "cancelled": cancelled,
-                                 "finished_at": time.time()})
+                                 "finished_at": time.time(), "launch_error": launch_error,
+                                 "oom_kills": oom_kills_since(oom_before), "time_limit_s": limit.seconds,
+                                 "timed_out": limit.reached and not cancelled,
+                                 "preempted": not cancelled and not limit.reached  # a time limit's SIGTERM
+                                 and local_preemption.ended_preempted(final, codes)})  # is not a preemption
     return 0
+
+
+def _pin(cpus: set[int] | None) -> Callable[[], None] | None:
+    """A `preexec_fn` that pins the child (and all it starts) to `cpus`; None when there is nothing to pin."""
+    if not cpus:
+        return None
+
+    def pin() -> None:
+        os.sched_setaffinity(0, cpus)
+
+    return pin
+
+
+class TimeLimit:
+    """The spec's `backend.time_limit` (`LocalOptions`), enforced: when it passes with a node still
+    running, every node gets SIGTERM, and SIGKILL `grace_s` later; `reached` says it happened."""
+
+    def __init__(self, req: LaunchRequest, children: list[subprocess.Popen[bytes]], grace_s: float = 10.0) -> None:
+        options = req.options
+        self.seconds = (time_limit_seconds(options.time_limit)
+                        if isinstance(options, LocalOptions) and options.time_limit else None)
+        self.children, self.grace_s, self.reached = children, grace_s, False
+        self._timer = threading.Timer(self.seconds, self._stop) if self.seconds and children else None
+        if self._timer is not None:
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _stop(self) -> None:
+        running = [c for c in self.children if c.poll() is None]
+        if not running:
+            return
+        self.reached = True
+        for child in running:
+            child.terminate()
+        deadline = time.monotonic() + self.grace_s
+        while time.monotonic() < deadline and any(c.poll() is None for c in running):
+            time.sleep(0.1)
+        for child in running:
+            if child.poll() is None:
+                child.kill()
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+def oom_kill_count() -> int | None:
+    """How many processes the kernel's OOM killer has killed in this process's memory cgroup (cgroup v2
+    `memory.events`, v1 `memory.oom_control`: the `oom_kill` line); None where it cannot be read."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2 (unified)
+            candidates = [Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.events"]
+        elif "memory" in controllers.split(","):  # v1
+            candidates = [Path("/sys/fs/cgroup/memory") / path.lstrip("/") / "memory.oom_control"]
+        else:
+            continue
+        for candidate in candidates:
+            try:
+                for entry in candidate.read_text().splitlines():
+                    key, _, value = entry.partition(" ")
+                    if key == "oom_kill" and value.strip().isdigit():
+                        return int(value)
+            except OSError:
+                continue
+    return None
+
+
+def oom_kills_since(before: int | None) -> int | None:
+    """OOM kills in this cgroup since `before` was read (`oom_kill_count`); None when unknown."""
+    after = oom_kill_count()
+    return None if before is None or after is None else max(0, after - before)
 
 
 if __name__ == "__main__":

@@ -29,11 +29,13 @@ from typing import Any
 from kubernetes import client as k8s_client
 
 from workers.backends.base import (
+    ArtifactInfo,
     BackendError,
     BackendUnavailable,
     FailureClass,
     Handle,
     LaunchRequest,
+    LogChunk,
     Observation,
     Rendered,
     RunState,
@@ -41,6 +43,7 @@ from workers.backends.base import (
     TransientBackendError,
 )
 from workers.backends.kubernetes.client import AlreadyExists, KubeClient
+from workers.backends.kubernetes.logs import attempt_pods, no_artifacts, read_pod_logs
 from workers.backends.kubernetes.naming import (
     HELPERS,
     LABEL_NAME,
@@ -287,3 +290,29 @@ class KubernetesBackend:
         self._cancelled[handle.name] = None
         while len(self._cancelled) > CANCELLED_MEMORY:
             self._cancelled.popitem(last=False)
+
+    def preempt(self, handle: Handle, grace_s: float) -> None:
+        """Delete the workload with `gracePeriodSeconds` = `grace_s`: every pod gets SIGTERM (the runtime
+        checkpoints into its output volume and exits) and is killed when the grace period is over. The
+        dispatcher, which asked, records the end as `preempted` and queues the job again. Idempotent."""
+        kind, ns, k8s = parse_backend_id(handle, self.options.namespace)
+        kinds = [kind] if kind is not None else [k for k, ok in self.served().items() if ok]
+        for k in kinds:
+            self._kube.delete(WORKLOADS[k], ns, k8s, grace_period_s=max(0, round(grace_s)))
+        for helper in HELPERS:
+            self._kube.delete(helper, ns, k8s)
+
+    # -- outputs (`base.LogReading`; `logs` reads the pods' logs through the API) ----------------------------
+    def read_logs(self, handle: Handle, *, rank: int | None, cursor: str | None, limit: int) -> LogChunk:
+        """The attempt's pod logs (see `logs`). Finished once every pod has terminated (checked before
+        the logs are read, so nothing they printed is missed)."""
+        _, ns, k8s = parse_backend_id(handle, self.options.namespace)
+        pods = attempt_pods(self._kube, ns, k8s)
+        done = bool(pods) and all((p.get("status") or {}).get("phase") in ("Succeeded", "Failed") for p in pods)
+        return read_pod_logs(self._kube, pods, rank=rank, cursor=cursor, limit=limit, finished=done)
+
+    def list_artifacts(self, handle: Handle) -> list[ArtifactInfo]:
+        raise no_artifacts()
+
+    def read_artifact(self, handle: Handle, path: str, *, max_bytes: int) -> bytes:
+        raise no_artifacts()

@@ -201,13 +201,16 @@ class KubeClient:
                          serializer=_wire)
         return list(self._json(out, what).get("items") or [])
 
-    def delete(self, api: ApiType, ns: str, name: str) -> bool:
-        """Delete with foreground propagation; False if it was already gone."""
+    def delete(self, api: ApiType, ns: str, name: str, *, grace_period_s: int | None = None) -> bool:
+        """Delete with foreground propagation (and `gracePeriodSeconds` when given: the pods get SIGTERM and
+        that long before SIGKILL); False if it was already gone."""
         resource = self.resource(api)
         if resource is None:
             return False
+        body = DELETE_FOREGROUND if grace_period_s is None else {**DELETE_FOREGROUND,
+                                                                 "gracePeriodSeconds": grace_period_s}
         out = self._call(f"delete {api.kind} {ns}/{name}", self._dynamic().delete, resource, name=name,
-                         namespace=ns, body=DELETE_FOREGROUND, serializer=_wire, missing_ok=True)
+                         namespace=ns, body=body, serializer=_wire, missing_ok=True)
         return out is not None
 
     def merge_patch(self, api: ApiType, ns: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
@@ -218,3 +221,21 @@ class KubeClient:
         out = self._call(what, self._dynamic().patch, resource, body=dict(patch), name=name, namespace=ns,
                          content_type=MERGE_PATCH, serializer=_wire)
         return self._json(out, what)
+
+    def pod_log(self, ns: str, name: str, query: Mapping[str, str]) -> str | None:
+        """`GET /api/v1/namespaces/{ns}/pods/{name}/log` with `query` (container, timestamps, sinceTime,
+        limitBytes...): the text, or None for a pod that is gone (404) or has nothing to show yet (400:
+        its container is still waiting to start)."""
+        what = f"log of pod {ns}/{name}"
+        try:
+            response = self._dynamic().request("get", f"/api/v1/namespaces/{ns}/pods/{name}/log",
+                                               query_params=list(query.items()), header_params={"Accept": "*/*"},
+                                               serialize=False)
+        except ApiException as exc:
+            if exc.status in (400, 404):
+                return None
+            raise api_error(exc, what) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise BackendUnavailable(f"Kubernetes API unreachable ({what}): {exc}") from exc
+        data = response.data if hasattr(response, "data") else response
+        return data.decode(errors="replace") if isinstance(data, bytes) else str(data)

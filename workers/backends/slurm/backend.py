@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import ClassVar
 
 from service.backend_options import time_limit_minutes
-from workers.backends.base import Handle, LaunchRequest, Observation, Rendered, RunState
-from workers.backends.slurm import accounting
+from workers.backends.base import ArtifactInfo, Handle, LaunchRequest, LogChunk, Observation, Rendered, RunState
+from workers.backends.slurm import accounting, outputs
 from workers.backends.slurm.client import SlurmClient
 from workers.backends.slurm.logs import log_tail
 from workers.backends.slurm.states import SlurmObservation, observe, with_output_evidence
@@ -107,11 +107,13 @@ class SlurmBackend:
         ids = {h.name: h.backend_id or accounting.newest_named(records, h.name, str(self.job_folder(h.name)))
                for h in handles}
         lagging = [h.name for h in handles if accounting.lags(records.get(ids[h.name] or ""))]
-        live = accounting.parse_squeue(self.cli.query(accounting.squeue_args(lagging))) if lagging else {}
+        queued = self.cli.query(accounting.squeue_args(lagging)) if lagging else ""
+        live, live_by_id = accounting.parse_squeue(queued), accounting.parse_squeue_by_id(queued)
         out: dict[str, Observation] = {}
         for h in handles:
             job_id = ids[h.name]
-            current = live.get(h.name)
+            # by id when known: another job of the same name (another service's, on a shared cluster) is newer
+            current = live_by_id.get(job_id) if job_id else live.get(h.name)
             if current is not None and not accounting.belongs(current, job_id, str(self.job_folder(h.name))):
                 current = None
             merged = accounting.merge(records.get(job_id or ""), current)
@@ -129,3 +131,25 @@ class SlurmBackend:
     def cancel(self, handle: Handle) -> None:
         """scancel by id (by name when the id is unknown). Idempotent: a finished or unknown job is fine."""
         self.cli.scancel([handle.backend_id] if handle.backend_id else ["-n", handle.name])
+
+    def preempt(self, handle: Handle, grace_s: float) -> None:
+        """`scontrol requeue`: Slurm sends SIGTERM to every process of the job (the runtime checkpoints and
+        exits), SIGKILLs what is left after the cluster's `KillWait` (`grace_s` cannot lengthen it; set
+        KillWait, or GraceTime on a preemptible partition, to what a checkpoint needs), and queues the job
+        again under the same id, in the same folder: it resumes from `out/checkpoints`, and `poll`
+        reports the requeue. Without an id (not yet known), scancel by name: the job never started."""
+        if handle.backend_id is None:
+            self.cancel(handle)
+            return
+        self.cli.requeue(handle.backend_id)
+
+    # -- outputs (`base.LogReading`; `outputs` reads the attempt folder) --------------------------------
+    def read_logs(self, handle: Handle, *, rank: int | None, cursor: str | None, limit: int) -> LogChunk:
+        return outputs.read_logs(self.job_folder(handle.name), handle.backend_id, rank=rank, cursor=cursor,
+                                 limit=limit)
+
+    def list_artifacts(self, handle: Handle) -> list[ArtifactInfo]:
+        return outputs.list_artifacts(self.job_folder(handle.name))
+
+    def read_artifact(self, handle: Handle, path: str, *, max_bytes: int) -> bytes:
+        return outputs.read_artifact(self.job_folder(handle.name), path, max_bytes=max_bytes)
