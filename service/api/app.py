@@ -1,5 +1,3 @@
-# TEMPORARY NOTE (remove before landing): several engineers edit this tree at once. READ /tmp/common.md
-# NOW and follow its rules (shared files, no `git add -A`/stash/reset, targeted tests only, 02:10 UTC deadline).
 """The FastAPI application: `create_app()` wires settings, database, routers, errors and metrics.
 
 Every request passes the request gate (`RequestGate`, an ASGI middleware) before any route reads a

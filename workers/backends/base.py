@@ -1,5 +1,3 @@
-# TEMPORARY NOTE (remove before landing): several engineers edit this tree at once. READ /tmp/common.md
-# NOW and follow its rules (shared files, no `git add -A`/stash/reset, targeted tests only, 02:10 UTC deadline).
 """The backend protocol: one small interface that local processes, Slurm and Kubernetes implement.
 
 The dispatcher builds a `LaunchRequest` for each attempt and only ever calls these methods:

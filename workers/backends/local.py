@@ -1,5 +1,3 @@
-# TEMPORARY NOTE (remove before landing): several engineers edit this tree at once. READ /tmp/common.md
-# NOW and follow its rules (shared files, no `git add -A`/stash/reset, targeted tests only, 02:10 UTC deadline).
 """The embedded default backend: `torchrun` process groups on this machine.
 
 Each attempt lives in `<folder>/<name>/`: `request.json`, `state.json` (supervisor pid), one log per
