@@ -3,7 +3,9 @@
 The queue: 10,000 waiting jobs across 100 teams (10 groups) and 20 pools (4 GPU kinds x 5 pools,
 mixed preemption policies), with the pools mostly full of running jobs (a third of them borrowing),
 past usage for every team, a few retries in backoff: a fixed seed, so every run measures the same
-snapshot. Prints the median and p95 wall time of `engine.admit` (goal: under 50 ms) and of
+snapshot. Prints the median and p95 wall time of the dispatcher's cycle, `engine.admit(s,
+reasons=False)` (goal: under 50 ms), of the full `engine.admit(s)` with every waiting job's reasons
+and the whole order (no goal: the API and tests use it, the dispatcher does not), and of
 `engine.explain` for a job in the middle of the queue (goal: under 20 ms), over N runs each, and the
 least CPU time (the steadiest figure on a shared machine).
 
@@ -115,15 +117,19 @@ def main() -> None:
           f" {len(snap.pools)} pools; one cycle admits {len(decision.admitted)} and preempts"
           f" {len(decision.preempted)}")
     print(f"reference loop: {reference_loop_ns():.0f} ns per iteration (plain dict lookups; lower is a faster machine)")
-    print(f"{'case':44} {'median ms':>9} {'p95 ms':>7} {'min cpu ms':>10} {'goal ms':>7} {'goal/median':>11}")
-    cases: list[tuple[str, float, Callable[[], object]]] = [
-        ("admit: one cycle", 0.050, lambda: admit(snap)),
+    fast = admit(snap, reasons=False)
+    print(f"the dispatcher's cycle (reasons=False) walks {len(fast.order)} of {len(decision.order)} jobs"
+          " before it provably settles")
+    print(f"{'case':46} {'median ms':>9} {'p95 ms':>7} {'min cpu ms':>10} {'goal ms':>7} {'goal/median':>11}")
+    cases: list[tuple[str, float | None, Callable[[], object]]] = [
+        ("admit: one cycle (dispatcher, reasons=False)", 0.050, lambda: admit(snap, reasons=False)),
+        ("admit: one cycle with every reason and order", None, lambda: admit(snap)),
         (f"explain: job {middle} (mid-queue), its team's view", 0.020, lambda: explain(snap, middle, target_team)),
     ]
     for label, goal, fn in cases:
         median, p95, cpu = measure(fn, args.runs)
-        print(f"{label:44} {median * 1e3:9.1f} {p95 * 1e3:7.1f} {cpu * 1e3:10.1f} {goal * 1e3:7.0f}"
-              f" {goal / median:11.2f}")
+        goals = f"{goal * 1e3:7.0f} {goal / median:11.2f}" if goal is not None else f"{'-':>7} {'-':>11}"
+        print(f"{label:46} {median * 1e3:9.1f} {p95 * 1e3:7.1f} {cpu * 1e3:10.1f} {goals}")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import heapq
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from service.planner.hardware import CATALOG
 from service.scheduling.decisions import (
@@ -118,6 +119,7 @@ class _Cycle:
     weights: dict[str, float] = field(default_factory=dict)
     team_vals: dict[str, dict[str, float]] = field(default_factory=dict)
     past_kinds: dict[str, set[str]] = field(default_factory=dict)
+    used_kinds: dict[str, set[str]] = field(default_factory=dict)  # team -> kinds with a `usage` entry
     ever: dict[tuple[str, str], int] = field(default_factory=dict)
     victim_lists: dict[str, list[tuple[RunningJob, str, int]]] = field(default_factory=dict)
     preempting: set[str] = field(default_factory=set)
@@ -134,6 +136,8 @@ class _Cycle:
     reclaimable: dict[str, int] = field(default_factory=dict)
     own_lists: dict[str, dict[str, list[tuple[RunningJob, str, int]]]] = field(default_factory=dict)
     version: int = 0
+    dry: set[tuple[str, str, str | None, int]] = field(default_factory=set)  # sizes with no room left
+    quiet: set[tuple[str, str]] = field(default_factory=set)  # (team, kind) that can reserve no quota
 
     def __post_init__(self) -> None:
         s = self.s
@@ -196,6 +200,7 @@ class _Cycle:
         for key, u in self.usage.items():
             q = self.quotas.get(key, _NO_QUOTA)
             self.start_borrow[key] = max(0, u - q.nominal)
+            self.used_kinds.setdefault(key[0], set()).add(key[1])
         for tq in s.quotas.values():
             if tq.group:
                 for k, fq in tq.flavors.items():
@@ -254,7 +259,7 @@ class _Cycle:
             return INF
         vals = self.team_vals.get(team)
         if vals is None:
-            kinds = {k for (tm, k) in self.usage if tm == team} | self.past_kinds.get(team, set())
+            kinds = self.used_kinds.get(team, set()) | self.past_kinds.get(team, set())
             vals = self.team_vals[team] = {k: self._value(team, k, self.usage.get((team, k), 0)) for k in kinds}
         best = self._value(team, kind, self.usage.get((team, kind), 0) + extra)
         for k, v in vals.items():
@@ -321,6 +326,7 @@ class _Cycle:
         self.free[pool] -= j.gpus
         self.free_lend[j.gpu] += q.contrib(u + j.gpus) - q.contrib(u)
         self.usage[key] = u + j.gpus
+        self.used_kinds.setdefault(j.team, set()).add(j.gpu)
         tq = self.s.quotas.get(j.team)
         if tq is not None and tq.group:
             gk = (tq.group, j.gpu)
@@ -542,16 +548,38 @@ def _job_key(j: WaitingJob) -> tuple[int, float, int]:
     return (-j.priority, j.submitted_at, j.id)
 
 
-def _run(s: Snapshot, want_reasons: bool = True, stop_at: int | None = None) -> _Outcome:
+#: in a lean run (no reasons), how many placements between two checks of whether the cycle has settled
+SETTLE_CHECK_EVERY = 64
+#: `blocked` entry of a job a lean run skipped as inert: it waits, for reasons not derived (never
+#: backoff, no matching pool or a size beyond its team's limit: those are always derived)
+_NOT_DERIVED: list[_Blocked] = []
+
+
+def _run(s: Snapshot, want_reasons: bool = True, stop_at: int | None = None, settle: bool = False) -> _Outcome:
+    """Walk the waiting jobs in admission order and place each (`_place`).
+
+    The full run (`want_reasons=True`) places every job and derives every waiting job's reasons.
+    A lean run (`want_reasons=False`) gives the same admissions, preemptions, order and state, but
+    skips jobs that are provably inert (`_inert`: placing them would change nothing); their
+    `blocked` entry is `_NOT_DERIVED`. `stop_at` ends the walk after that job (never skipped).
+    `settle=True` (lean) also ends the walk as soon as no remaining job can be admitted or preempt
+    (`_settled`): `order` is then only the prefix walked."""
     c = _Cycle(s)
     now = s.now
+    lean = not want_reasons
     by_team: dict[str, list[WaitingJob]] = {}
     for j in s.waiting:
-        by_team.setdefault(j.team, []).append(j)
+        got = by_team.get(j.team)
+        if got is None:
+            by_team[j.team] = [j]
+        else:
+            got.append(j)
     heads: list[tuple[int, int, float, float, int, str, int]] = []
     queues: dict[str, list[WaitingJob]] = {}
     for team, jobs in by_team.items():
-        jobs.sort(key=_job_key)
+        # the order of _job_key: (-priority, submitted_at, id), as two stable sorts keyed in C
+        jobs.sort(key=_SUB_ID)
+        jobs.sort(key=_PRIO, reverse=True)
         queues[team] = jobs
         heads.append(_head_key(c, team, jobs[0], 0))
     heapq.heapify(heads)
@@ -561,16 +589,27 @@ def _run(s: Snapshot, want_reasons: bool = True, stop_at: int | None = None) -> 
     blocked: dict[int, list[_Blocked]] = {}
     reserve_after = s.reserve_after_s
     stop = False
+    next_check = SETTLE_CHECK_EVERY
+    settle_state: _SettleState | None = None
     while heads and not stop:
+        if settle and len(order) >= next_check:
+            next_check = len(order) + SETTLE_CHECK_EVERY
+            if settle_state is None:
+                settle_state = _SettleState(c, queues)
+            if settle_state.settled(heads):
+                break
         *_, team, idx = heapq.heappop(heads)
         jobs = queues[team]
         # A team's jobs come out as a run while its next key stays ahead of every other team's head.
         while True:
             j = jobs[idx]
             order.append(j)
-            why = _place(c, j, now, reserve_after, admitted, preempted)
-            if why:
-                blocked[j.id] = why
+            if lean and j.id != stop_at and _inert(c, j, now):
+                blocked[j.id] = _NOT_DERIVED
+            else:
+                why = _place(c, j, now, reserve_after, admitted, preempted)
+                if why:
+                    blocked[j.id] = why
             if stop_at is not None and j.id == stop_at:
                 stop = True
                 break
@@ -591,6 +630,167 @@ def _run(s: Snapshot, want_reasons: bool = True, stop_at: int | None = None) -> 
     decision = Decision.model_construct(admitted=admitted, preempted=preempted, waiting=waiting,
                                         order=[j.id for j in order])
     return _Outcome(decision, order, blocked, c)
+
+
+_SUB_ID = attrgetter("submitted_at", "id")
+_PRIO = attrgetter("priority")
+_GPUS = attrgetter("gpus")
+_GPU = attrgetter("gpu")
+
+
+def _inert(c: _Cycle, j: WaitingJob, now: float) -> bool:
+    """True only when `_place(c, j)` would provably change nothing: no admission, no preemption, no
+    reservation (so `c.version` stays). Each condition only ever gets truer within a cycle (free and
+    unreserved room, quota headroom and lendable quota only shrink; a pool preempts at most once),
+    so a job found inert is inert later in the cycle too. False says nothing (then `_place` decides).
+
+    - every pool big enough for it has no unreserved room (no admission, no pool to reserve);
+    - it reserves no quota: its team's quota admits it, or the team has no finite borrowing
+      headroom left and the kind no lendable quota left;
+    - it may preempt in none of its pools: each is preempting already, or the necessary conditions
+      of `_Cycle.try_preempt` fail (it neither reclaims nor is in a lower_priority pool, or every
+      eligible victim together would not make room: `_may_free_enough`)."""
+    if j.not_before is not None and j.not_before > now:
+        return False  # `_place` answers backoff at once
+    size_key = (j.backend, j.gpu, j.pool, j.gpus)
+    fit = c.big_enough.get(size_key)
+    if fit is None:
+        return False
+    big, preemptible, _, _ = fit
+    if not big or j.gpus > c.ever_limit(j.team, j.gpu):
+        return False  # `_place` answers no_matching_pool or exceeds_team_limit at once
+    if size_key not in c.dry:
+        free, reserved = c.free, c.reserved
+        for n in big:
+            if free[n] - reserved[n] > 0:
+                return False
+        c.dry.add(size_key)
+    key = (j.team, j.gpu)
+    if key not in c.quiet:
+        q = c.quotas.get(key, _NO_QUOTA)
+        if (q.borrow != INF and q.nominal + q.borrow - c.usage.get(key, 0) - c.team_res.get(key, 0) > 0) or (
+                c.free_lend.get(j.gpu, 0) - c.lend_res.get(j.gpu, 0) > 0):
+            if c.quota_block(j) is not None:
+                return False  # quota blocks it, and there is quota it may reserve
+        else:
+            c.quiet.add(key)
+    if preemptible:
+        reclaims: bool | None = None
+        for n in preemptible:
+            if n in c.preempting:
+                continue
+            if reclaims is None:
+                q = c.quotas.get(key, _NO_QUOTA)
+                gk = (c._group(j.team), j.gpu)
+                reclaims = c.usage.get(key, 0) + c.team_res.get(key, 0) + j.gpus <= q.nominal or (
+                    gk in c.group_nominal and c.group_usage.get(gk, 0) + j.gpus <= c.group_nominal[gk])
+            lower = c.pools[n].preemption == PreemptionPolicy.LOWER_PRIORITY
+            if (reclaims or lower) and c._may_free_enough(j, n, lower, reclaims):
+                # it might preempt, unless `_place` waits for what is being released instead
+                return c.releasing_any and any(c.releasing[m] for m in big) and c.best_pool(
+                    big, j.gpus, extra=c.releasing) is not None and c.quota_block(
+                    j, own_freed=c.team_releasing.get(key, 0), lend_extra=c.lend_releasing.get(j.gpu, 0)) is None
+    return True
+
+
+class _SettleState:
+    """Whether a cycle has settled: no remaining job can be admitted or preempt (then nothing
+    remaining can change `admitted` or `preempted`; reservations may, but only what later jobs see).
+
+    Per pool, conservatively (every test only ever gets truer within a cycle, so a pool found dead
+    stays dead): its unreserved room is below the smallest waiting job's size, and it may not
+    preempt (policy never, preempting already, or no team with jobs of its kind left can: within
+    its nominal or its group's with the smallest size, or, in a lower_priority pool, with a
+    lower-priority job of its own there, and even then only if every eligible victim together,
+    with the room, covers the smallest size)."""
+
+    def __init__(self, c: _Cycle, queues: dict[str, list[WaitingJob]]) -> None:
+        self.c = c
+        self.queues = queues
+        self.gmin = min((min(map(_GPUS, jobs)) for jobs in queues.values()), default=1)
+        self.last_of_kind: dict[str, dict[str, int]] = {}  # team -> kind -> index of its last job of it
+        for team, jobs in queues.items():
+            last = self.last_of_kind[team] = {}
+            for kind in set(map(_GPU, jobs)):
+                i = len(jobs) - 1
+                while jobs[i].gpu != kind:
+                    i -= 1
+                last[kind] = i
+        self.closed: set[str] = {p.name for p in c.pools.values() if p.preemption == PreemptionPolicy.NEVER}
+        self.safe: set[tuple[str, str]] = set()  # (team, reclaim pool): none of its jobs left preempts there
+
+    def _waits_for_release(self, team: str, idx: int, name: str) -> bool:
+        """Whether no job of `team` left (from `idx`) can preempt in reclaim pool `name`: each either
+        does not reclaim (it stays within neither its nominal nor its group's), or reclaims within
+        its nominal while no pool it fits has unreserved room and one is releasing enough for it,
+        so `_place` waits for that release instead (its quota holds with what its team releases:
+        it stays within nominal). Stays true: room and headroom only shrink, releases only grow."""
+        c = self.c
+        now = c.s.now
+        free, reserved, releasing = c.free, c.reserved, c.releasing
+        kind = c.pools[name].gpu
+        size = c.pools[name].gpus
+        key = (team, kind)
+        q = c.quotas.get(key, _NO_QUOTA)
+        used = c.usage.get(key, 0) + c.team_res.get(key, 0)
+        gk = (c._group(team), kind)
+        group_left = c.group_nominal[gk] - c.group_usage.get(gk, 0) if gk in c.group_nominal else -1
+        for j in self.queues[team][idx:]:
+            g = j.gpus
+            if j.gpu != kind or g > size or (j.not_before is not None and j.not_before > now):
+                continue
+            names = c.pools_for(j)
+            if name not in names:
+                continue
+            if used + g > q.nominal:
+                if g <= group_left:
+                    return False  # reclaims for its group: not decided here
+                continue  # does not reclaim
+            big = [n for n in names if c.pools[n].gpus >= g]
+            if any(free[n] - reserved[n] for n in big) or not any(releasing[n] >= g for n in big):
+                return False
+        return True
+
+    def settled(self, heads: list[tuple[int, int, float, float, int, str, int]]) -> bool:
+        """Whether every pool is dead; `heads` holds every team with jobs left (team, next index)."""
+        c, gmin = self.c, self.gmin
+        for name, p in c.pools.items():
+            room = c.free[name] - c.reserved[name]
+            if room >= gmin and any(self.last_of_kind[head[5]].get(p.gpu, -1) >= head[6] for head in heads):
+                return False  # room for the smallest size, and jobs of its kind left
+            if name in self.closed or name in c.preempting:
+                continue
+            lower = p.preemption == PreemptionPolicy.LOWER_PRIORITY
+            for head in heads:
+                team, idx = head[5], head[6]
+                if self.last_of_kind[team].get(p.gpu, -1) < idx:
+                    continue  # no job of this kind left
+                key = (team, p.gpu)
+                q = c.quotas.get(key, _NO_QUOTA)
+                gk = (c._group(team), p.gpu)
+                reclaims = c.usage.get(key, 0) + c.team_res.get(key, 0) + gmin <= q.nominal or (
+                    gk in c.group_nominal and c.group_usage.get(gk, 0) + gmin <= c.group_nominal[gk])
+                if not reclaims and not lower:
+                    continue
+                if reclaims and not lower and (team, name) in self.safe:
+                    continue
+                if reclaims and not lower and self._waits_for_release(team, idx, name):
+                    self.safe.add((team, name))
+                    continue
+                bound = room + c.releasing[name]
+                if reclaims:
+                    bound += c.reclaimable[name] if name in c.reclaimable else c._reclaimable(name)
+                if lower:
+                    top = self.queues[team][idx].priority  # the highest priority it has left
+                    for r, _, _ in c._own_candidates(name, team):
+                        if r.priority >= top:
+                            break
+                        if r.id not in c.victims:
+                            bound += r.gpus
+                if bound >= gmin:
+                    return False
+            self.closed.add(name)
+        return True
 
 
 def _head_key(c: _Cycle, team: str, j: WaitingJob, idx: int) -> tuple[int, int, float, float, int, str, int]:
@@ -746,9 +946,16 @@ def _reason(c: _Cycle, j: WaitingJob, b: _Blocked, cache: dict[tuple[object, ...
     return r
 
 
-def admit(s: Snapshot) -> Decision:
-    """One admission cycle: which waiting jobs start where, which running jobs to preempt, why the rest wait."""
-    return _run(s).decision
+def admit(s: Snapshot, *, reasons: bool = True) -> Decision:
+    """One admission cycle: which waiting jobs start where, which running jobs to preempt, why the rest wait.
+
+    `reasons=False` (the dispatcher's call) gives exactly the same `admitted` and `preempted`, in
+    the same order, faster: `waiting` is empty, and `order` is only the prefix of the full order
+    that was walked before the cycle provably settled (no remaining job could be admitted or
+    preempt). Use the default for `waiting` and the whole `order`."""
+    if reasons:
+        return _run(s).decision
+    return _run(s, want_reasons=False, settle=True).decision
 
 
 def _competes(c: _Cycle, a: WaitingJob, b: WaitingJob, cache: dict[tuple[str, str, str | None], bool]) -> bool:
@@ -885,8 +1092,10 @@ def _simulate_start(c: _Cycle, s: Snapshot, target: WaitingJob, ahead: list[Wait
         dur = a.predicted_s * factor if a.predicted_s is not None else unknown_s
         occupy(admitted_ids[a.id], a.team, a.gpus, dur)
     t = 0.0
+    tiebreak = {n: [-ord(x) for x in n] for n in free}
     for j in (*ahead, target):
-        names = [n for n in c.pools_for(j) if c.pools[n].gpus >= j.gpus]
+        fit = c.big_enough.get((j.backend, j.gpu, j.pool, j.gpus))
+        names = fit[0] if fit is not None else [n for n in c.pools_for(j) if c.pools[n].gpus >= j.gpus]
         if not names:
             continue
         cap = c.ever_limit(j.team, j.gpu)
@@ -900,7 +1109,7 @@ def _simulate_start(c: _Cycle, s: Snapshot, target: WaitingJob, ahead: list[Wait
             th = team_ends.get(j.team, [])
             while th and th[0][0] <= t:
                 team_use[j.team] -= heapq.heappop(th)[1]
-            pool = max(names, key=lambda n: (free[n], [-ord(x) for x in n]))
+            pool = names[0] if len(names) == 1 else max(names, key=lambda n: (free[n], tiebreak[n]))
             team_ok = team_use.get(j.team, 0) + j.gpus <= cap
             if free[pool] >= j.gpus and team_ok:
                 break
