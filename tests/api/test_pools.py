@@ -110,7 +110,11 @@ def test_quotas_are_admin_written_and_members_read_their_own(env: Env, admin: di
     assert "cpu" in r.json()["error"]["message"]
     r = env.client.put("/v1/teams/alpha/quota", json={"flavors": {"cpu": {"nominal": -1}}}, headers=admin)
     assert r.status_code == 422
-    assert env.client.put("/v1/teams/nobody/quota", json=quota, headers=admin).status_code == 404
+    # a quota may be declared before the team has a member or a job: the team is created
+    assert env.client.put("/v1/teams/nobody/quota", json=quota, headers=admin).status_code == 200
+    assert env.client.get("/v1/teams/nobody/quota", headers=admin).json()["declared"] is True
+    r = env.client.put("/v1/teams/Not_A_Label/quota", json=quota, headers=admin)
+    assert r.status_code == 422 and "team" in r.text
 
 
 def test_what_the_machine_has_can_be_stated_instead_of_detected(env: Env, tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from service.api.deps import Admin, Caller, Db, Person
 from service.api.errors import ApiError
 from service.api.schemas import ErrorField, ErrorResponse
+from service.names import Label
 from service.scheduling import engine
 from service.scheduling.decisions import Explanation, Reason, ReasonCode
 from service.scheduling.model import TeamQuota
@@ -30,13 +31,13 @@ from service.store.jobs import visible_job
 from service.store.models import Job, Team, as_utc, utcnow
 from service.store.pools import effective_pools, managed
 from service.store.quotas import get_quota, put_quota
-from service.store.tokens import NotFound, Principal, team_by_name
+from service.store.tokens import NotFound, Principal, ensure_team, team_by_name
 from service.store.usage import gpu_seconds
 from service.store.vocab import JobStatus, Role
 
 router = APIRouter(tags=["scheduling"])
 ERRORS: dict[int | str, dict[str, object]] = {404: {"model": ErrorResponse}, 422: {"model": ErrorResponse}}
-TeamName = Annotated[str, Path(min_length=1, max_length=63, description="The team's name.")]
+TeamName = Annotated[Label, Path(min_length=1, max_length=63, description="The team's name (a DNS label).")]
 JobId = Annotated[int, Path(ge=1, le=2**63 - 1, description="The job's id.")]
 DEFAULT_USAGE_WINDOW = timedelta(days=7)
 
@@ -73,9 +74,10 @@ def _team(session: Session, principal: Principal, name: str) -> Team:
             summary="Declare or replace a team's quota (admin)")
 def put_team_quota(team: TeamName, body: TeamQuota, principal: Admin, db: Db, request: Request) -> QuotaOut:
     """Every GPU kind named in `flavors` must be the kind of some pool in effect (a quota for hardware no
-    pool has is a typo): else a 422 naming the kinds that exist."""
+    pool has is a typo): else a 422 naming the kinds that exist. A team not yet known is created, so
+    quotas can be declared before the team's first member or job."""
     with db.begin() as session:
-        row = _team(session, principal, team)
+        row = ensure_team(session, team)
         kinds = sorted({p.pool.gpu for p in effective_pools(session, request.app.state.settings.local_gpus)})
         for flavor in body.flavors:
             if flavor not in kinds:
