@@ -412,13 +412,14 @@ class _Cycle:
         reclaims = within_nominal or within_group
         if not reclaims and not any(self.pools[n].preemption == PreemptionPolicy.LOWER_PRIORITY for n in names):
             return None
-        for name in sorted(names, key=lambda n: (-(self.free[n] - self.reserved[n]), n)):
-            pool = self.pools[name]
-            if pool.preemption == PreemptionPolicy.NEVER or name in self.preempting:
-                continue
-            lower = pool.preemption == PreemptionPolicy.LOWER_PRIORITY
-            if not reclaims and not lower:
-                continue
+        # the pools that may preempt for it, roomiest first (ties by name)
+        open_pools = [n for n in names if n not in self.preempting and (
+            self.pools[n].preemption == PreemptionPolicy.LOWER_PRIORITY
+            or (reclaims and self.pools[n].preemption != PreemptionPolicy.NEVER))]
+        if len(open_pools) > 1:
+            open_pools.sort(key=lambda n: (-(self.free[n] - self.reserved[n]), n))
+        for name in open_pools:
+            lower = self.pools[name].preemption == PreemptionPolicy.LOWER_PRIORITY
             if not self._may_free_enough(j, name, lower, reclaims):
                 continue
             memo = (name, j.team, j.gpus, j.priority if lower else 0)
@@ -718,13 +719,16 @@ class _SettleState:
                 last[kind] = i
         self.closed: set[str] = {p.name for p in c.pools.values() if p.preemption == PreemptionPolicy.NEVER}
         self.safe: set[tuple[str, str]] = set()  # (team, reclaim pool): none of its jobs left preempts there
+        self.resume: dict[tuple[str, str], int] = {}  # (team, reclaim pool): first job not found safe
 
     def _waits_for_release(self, team: str, idx: int, name: str) -> bool:
-        """Whether no job of `team` left (from `idx`) can preempt in reclaim pool `name`: each either
-        does not reclaim (it stays within neither its nominal nor its group's), or reclaims within
-        its nominal while no pool it fits has unreserved room and one is releasing enough for it,
-        so `_place` waits for that release instead (its quota holds with what its team releases:
-        it stays within nominal). Stays true: room and headroom only shrink, releases only grow."""
+        """Whether no job of `team` left (from `idx`) can preempt in reclaim pool `name`, now or later
+        in the cycle: none fits in its group's nominal headroom, and each either does not fit in its
+        team's nominal headroom (so it never reclaims), or does while no pool it fits has unreserved
+        room and one is releasing enough for it, so `_place` waits for that release instead (its
+        quota holds with what its team releases: it stays within nominal). Stays true: room and
+        both headrooms only shrink, releases only grow (a job that drops out of its nominal
+        headroom does not reclaim then, as it fits in no group headroom)."""
         c = self.c
         now = c.s.now
         free, reserved, releasing = c.free, c.reserved, c.releasing
@@ -735,19 +739,23 @@ class _SettleState:
         used = c.usage.get(key, 0) + c.team_res.get(key, 0)
         gk = (c._group(team), kind)
         group_left = c.group_nominal[gk] - c.group_usage.get(gk, 0) if gk in c.group_nominal else -1
-        for j in self.queues[team][idx:]:
+        jobs = self.queues[team]
+        for i in range(max(idx, self.resume.get((team, name), idx)), len(jobs)):
+            j = jobs[i]
             g = j.gpus
             if j.gpu != kind or g > size or (j.not_before is not None and j.not_before > now):
                 continue
             names = c.pools_for(j)
             if name not in names:
                 continue
+            if g <= group_left:
+                self.resume[(team, name)] = i
+                return False  # it may reclaim for its group, now or once its team's headroom is gone
             if used + g > q.nominal:
-                if g <= group_left:
-                    return False  # reclaims for its group: not decided here
-                continue  # does not reclaim
+                continue  # it does not reclaim, now or later
             big = [n for n in names if c.pools[n].gpus >= g]
             if any(free[n] - reserved[n] for n in big) or not any(releasing[n] >= g for n in big):
+                self.resume[(team, name)] = i  # the jobs before it stay safe: start here next time
                 return False
         return True
 
@@ -755,11 +763,13 @@ class _SettleState:
         """Whether every pool is dead; `heads` holds every team with jobs left (team, next index)."""
         c, gmin = self.c, self.gmin
         for name, p in c.pools.items():
-            room = c.free[name] - c.reserved[name]
-            if room >= gmin and any(self.last_of_kind[head[5]].get(p.gpu, -1) >= head[6] for head in heads):
+            if c.free[name] - c.reserved[name] >= gmin and any(
+                    self.last_of_kind[head[5]].get(p.gpu, -1) >= head[6] for head in heads):
                 return False  # room for the smallest size, and jobs of its kind left
+        for name, p in c.pools.items():
             if name in self.closed or name in c.preempting:
                 continue
+            room = c.free[name] - c.reserved[name]
             lower = p.preemption == PreemptionPolicy.LOWER_PRIORITY
             for head in heads:
                 team, idx = head[5], head[6]
