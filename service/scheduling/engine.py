@@ -551,8 +551,9 @@ def _job_key(j: WaitingJob) -> tuple[int, float, int]:
 
 #: in a lean run (no reasons), how many placements between two checks of whether the cycle has settled
 SETTLE_CHECK_EVERY = 64
-#: `blocked` entry of a job a lean run skipped as inert: it waits, for reasons not derived (never
-#: backoff, no matching pool or a size beyond its team's limit: those are always derived)
+#: `blocked` entry of a job a lean run skipped: it waits, for reasons not derived (for a job of the
+#: explained target's kind never backoff, no matching pool or a size beyond its team's limit: those
+#: are always derived)
 _NOT_DERIVED: list[_Blocked] = []
 
 
@@ -562,7 +563,11 @@ def _run(s: Snapshot, want_reasons: bool = True, stop_at: int | None = None, set
     The full run (`want_reasons=True`) places every job and derives every waiting job's reasons.
     A lean run (`want_reasons=False`) gives the same admissions, preemptions, order and state, but
     skips jobs that are provably inert (`_inert`: placing them would change nothing); their
-    `blocked` entry is `_NOT_DERIVED`. `stop_at` ends the walk after that job (never skipped).
+    `blocked` entry is `_NOT_DERIVED`. `stop_at` ends the walk after that job (never skipped);
+    in a lean run with `stop_at`, once the cycle has settled (`_SettleState`), jobs of other GPU
+    kinds than the target's are skipped too (`_NOT_DERIVED`): they can no longer be admitted or
+    preempt, and what they reserve is quota and pools of their own kind, which neither the
+    target's reasons nor its ETA (same-kind jobs only) read.
     `settle=True` (lean) also ends the walk as soon as no remaining job can be admitted or preempt
     (`_settled`): `order` is then only the prefix walked."""
     c = _Cycle(s)
@@ -592,12 +597,17 @@ def _run(s: Snapshot, want_reasons: bool = True, stop_at: int | None = None, set
     stop = False
     next_check = SETTLE_CHECK_EVERY
     settle_state: _SettleState | None = None
+    # explain/eta: once settled, a job of another GPU kind than the target's changes nothing the
+    # answer reads (it only reserves quota of its own kind, in pools of its own kind)
+    target_kind = next((j.gpu for j in s.waiting if j.id == stop_at), None) if lean else None
+    settled = False
     while heads and not stop:
-        if settle and len(order) >= next_check:
+        if (settle or target_kind is not None) and not settled and len(order) >= next_check:
             next_check = len(order) + SETTLE_CHECK_EVERY
             if settle_state is None:
                 settle_state = _SettleState(c, queues)
-            if settle_state.settled(heads):
+            settled = settle_state.settled(heads)
+            if settled and settle:
                 break
         *_, team, idx = heapq.heappop(heads)
         jobs = queues[team]
@@ -605,7 +615,7 @@ def _run(s: Snapshot, want_reasons: bool = True, stop_at: int | None = None, set
         while True:
             j = jobs[idx]
             order.append(j)
-            if lean and j.id != stop_at and _inert(c, j, now):
+            if lean and j.id != stop_at and ((settled and j.gpu != target_kind) or _inert(c, j, now)):
                 blocked[j.id] = _NOT_DERIVED
             else:
                 why = _place(c, j, now, reserve_after, admitted, preempted)
