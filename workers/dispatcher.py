@@ -44,9 +44,11 @@ from service.jobenv import JobEnv
 from service.observability import counters
 from service.planner.result import Plan
 from service.redaction import redact_strings
+from service.scheduling.kueue_names import KueueQueue
 from service.scheduling.snapshot import SnapshotParams
 from service.spec import TrainingSpec
 from service.store.models import Attempt, Job, as_utc, utcnow
+from service.store.pools import kueue_queue_for
 from service.store.states import add_event, transition
 from service.store.tokens import create_token
 from service.store.vocab import AttemptStatus, EventKind, FailureClass, JobStatus, Role
@@ -101,9 +103,10 @@ class CycleReport:
 
 
 def build_request(job_id: int, number: int, *, plan: Plan, spec: TrainingSpec, team: str,
-                  token: str | None, api_url: str | None) -> LaunchRequest:
+                  token: str | None, api_url: str | None, kueue: KueueQueue | None = None) -> LaunchRequest:
     """The launch request for attempt `number` of a job: the world from the plan, the entrypoint from
-    the spec (the built-in runtime when absent), and the job contract every rank gets."""
+    the spec (the built-in runtime when absent), and the job contract every rank gets. `kueue`: the
+    LocalQueue and priority class when the job's pool is Kueue-managed (`kueue_queue_for(job.pool)`)."""
     layout = plan.layout
     nodes, per_node = plan.nodes, plan.gpus_per_node
     if nodes * per_node != layout.world_size:
@@ -115,7 +118,7 @@ def build_request(job_id: int, number: int, *, plan: Plan, spec: TrainingSpec, t
                          procs_per_node=per_node, gpus_per_proc=0 if plan.gpu == "cpu" else 1,
                          command=list(entry.command) if entry else runtime_command(),
                          user_env=dict(entry.env) if entry else {}, image=entry.image if entry else None,
-                         options=spec.backend)
+                         options=spec.backend, kueue=kueue)
 
 
 def launch_preview(backends: Mapping[str, Backend], api_url: str | None = None) -> LaunchPreview:
@@ -229,7 +232,8 @@ class Dispatcher:
                           message=f"resuming attempt {number} after an interrupted submission")
             _, token = create_token(session, role=Role.JOB, job_id=job.id, name=attempt_name(job.id, number))
             req = build_request(job.id, number, plan=job.plan, spec=job.spec, team=job.team.name, token=token,
-                                api_url=self.config.api_url)
+                                api_url=self.config.api_url,
+                                kueue=kueue_queue_for(session, job.pool, job.team.name, job.priority))
         failpoint("after-submitting-commit")
         try:
             handle = backend.find(req.name)

@@ -8,7 +8,10 @@ name and a Slurm QOS name.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from service.scheduling.config_file import PoolsFile
+from service.scheduling.model import TeamQuota
 
 
 def band_name(value: int, prefix: str = "shardctl") -> str:
@@ -16,8 +19,13 @@ def band_name(value: int, prefix: str = "shardctl") -> str:
 
 
 def priority_bands(pf: PoolsFile) -> list[int]:
-    """The band values, ascending."""
-    return sorted({0} | {q.max_priority for q in pf.teams.values()})
+    """The band values of a pools file's teams, ascending."""
+    return bands_of(pf.teams.values())
+
+
+def bands_of(quotas: Iterable[TeamQuota]) -> list[int]:
+    """The band values of these quotas (0 and each `max_priority`), ascending; never empty."""
+    return sorted({0} | {q.max_priority for q in quotas})
 
 
 def band_for(priority: int, bands: list[int]) -> int:
@@ -26,4 +34,4 @@ def band_for(priority: int, bands: list[int]) -> int:
     return below[-1] if below else bands[0]
 
 
-__all__ = ["band_for", "band_name", "priority_bands"]
+__all__ = ["band_for", "band_name", "bands_of", "priority_bands"]

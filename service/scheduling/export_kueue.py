@@ -12,8 +12,10 @@ Mapping (docs/scheduling.md):
 - `Cohort`s: `shardctl` (the root, holding as its own quota the pool capacity no team's nominal
   covers) and one per group with `parentName: shardctl`, so unused quota is lent in the group first;
 - one `LocalQueue` per team in each namespace of the Kubernetes pools (`default` when unset), named as
-  the team (`SHARDCTL_KUBERNETES_QUEUES` maps team -> this name);
-- one `WorkloadPriorityClass` per priority band (`bands`).
+  the team (`kueue_names.local_queue_name`; a Kueue-managed pool's workloads are labelled with it,
+  and `SHARDCTL_KUBERNETES_QUEUES` maps team -> this name where no pool is declared);
+- one `WorkloadPriorityClass` per priority band (`bands`), named by `kueue_names.priority_class_name`'s
+  `band_name`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import yaml
 
 from service.scheduling.bands import band_name, priority_bands
 from service.scheduling.config_file import PoolsFile
+from service.scheduling.kueue_names import local_queue_name
 from service.scheduling.model import Pool, PreemptionPolicy
 
 API = "kueue.x-k8s.io/v1beta2"
@@ -95,7 +98,8 @@ def render_kueue(pf: PoolsFile) -> list[dict[str, Any]]:
     namespaces = sorted({p.namespace or "default" for p in pools})
     for team in sorted(pf.teams):
         for ns in namespaces:
-            out.append({"apiVersion": API, "kind": "LocalQueue", "metadata": {"name": team, "namespace": ns},
+            out.append({"apiVersion": API, "kind": "LocalQueue",
+                        "metadata": {"name": local_queue_name(team), "namespace": ns},
                         "spec": {"clusterQueue": team}})
     for value in priority_bands(pf):
         out.append({"apiVersion": API, "kind": "WorkloadPriorityClass", "metadata": {"name": band_name(value)},

@@ -6,11 +6,16 @@ hold GPUs: admitted (`pool` set) and QUEUED (admitted, not yet leased) or SUBMIT
 RUNNING or CANCELLING. A job admitted before pools existed (`pool` NULL) counts against the
 largest pool of its backend and kind. Only id, team, kind, counts and times are read (never a
 spec or plan document), so a queue of 10,000 jobs is a few thousand rows of a few columns.
+
+Kueue-managed pools (`kueue: true`) and their jobs are left out: Kueue admits them, so they never
+count against another pool or a team's quota here. A waiting job of a backend and GPU kind that a
+Kueue pool takes (`kueue_kinds`) is not waiting for the engine (a dispatcher admits it to that pool
+when it leases it); a job admitted to a Kueue pool is not running in any pool of the snapshot.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -20,7 +25,7 @@ from sqlalchemy.orm import Session
 from service.scheduling.model import FlavorQuota, Pool, TeamQuota
 from service.scheduling.state import RunningJob, Snapshot, WaitingJob
 from service.store.models import Attempt, Job, Team, as_utc, utcnow
-from service.store.pools import SourcedPool, effective_pools, matching
+from service.store.pools import SourcedPool, effective_pools, kueue_kinds, matching
 from service.store.quotas import all_quotas
 from service.store.usage import decayed_usage
 from service.store.vocab import FailureClass, JobStatus
@@ -56,11 +61,14 @@ def build_snapshot(session: Session, params: SnapshotParams | None = None, *,
     """Everything one admission decision reads, as the store holds it now."""
     params = params or SnapshotParams()
     now = as_utc(now or utcnow())
-    pools = effective_pools(session, params.local_gpus)
-    backends = sorted({p.pool.backend.value for p in pools})
+    in_effect = effective_pools(session, params.local_gpus)
+    # A job of a Kueue pool's backend whose kind no pool has still waits here (no matching pool).
+    backends = sorted({p.pool.backend.value for p in in_effect})
+    pools = [p for p in in_effect if not p.pool.kueue]
     return Snapshot(now=now.timestamp(), pools=[p.pool for p in pools], quotas=all_quotas(session),
                     default_quota=undeclared_quota(p.pool for p in pools),
-                    running=running_jobs(session, pools, now), waiting=waiting_jobs(session, backends, now),
+                    running=running_jobs(session, pools, now),
+                    waiting=waiting_jobs(session, backends, now, skip=kueue_kinds(in_effect)),
                     usage=decayed_usage(session, now=now, half_life_s=params.usage_half_life_h * 3600),
                     usage_blend=params.usage_blend, min_runtime_s=params.min_runtime_s)
 
@@ -72,10 +80,12 @@ def undeclared_quota(pools: Iterable[Pool]) -> TeamQuota:
     return TeamQuota(flavors={kind: FlavorQuota(nominal=0) for kind in sorted({p.gpu for p in pools})})
 
 
-def waiting_jobs(session: Session, backends: list[str], now: datetime) -> list[WaitingJob]:
-    """QUEUED jobs of the managed `backends` that hold no admission, by id. Read with a Core query (no
-    ORM rows: a queue of 10,000 is one pass over narrow tuples) and built without re-validation: every
-    value comes from a checked column."""
+def waiting_jobs(session: Session, backends: list[str], now: datetime, *,
+                 skip: Collection[tuple[str, str]] = ()) -> list[WaitingJob]:
+    """QUEUED jobs of the managed `backends` that hold no admission, by id, less those whose (backend,
+    GPU kind) is in `skip` (the kinds Kueue pools take). Read with a Core query (no ORM rows: a queue
+    of 10,000 is one pass over narrow tuples) and built without re-validation: every value comes from
+    a checked column."""
     job_table, team_table = Job.__table__, Team.__table__
     jobs, teams = job_table.c, team_table.c
     rows = session.connection().execute(
@@ -87,6 +97,8 @@ def waiting_jobs(session: Session, backends: list[str], now: datetime) -> list[W
     out = []
     now_ts = now.timestamp()
     for job_id, team, backend, gpu, gpus, priority, created, predicted, owner, lease in rows:
+        if skip and (backend, gpu) in skip:
+            continue
         # A retry waiting out its backoff: no owner, a lease expiry in the future.
         lease_ts = _ts(lease)
         backoff = lease_ts if owner is None and lease_ts is not None and lease_ts > now_ts else None

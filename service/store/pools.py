@@ -6,6 +6,11 @@ pools when no pool of the local backend is stored: the local backend always has 
 job is matched against real hardware. A backend with no pool at all (Slurm, Kubernetes until one is
 declared) is not managed by admission: its jobs go to the backend as they come and its own scheduler
 queues them.
+
+A pool with `kueue: true` is managed by Kueue, not by shardctl's engine: a job of its backend and GPU
+kind is admitted to it as soon as a dispatcher leases it (`kueue_kinds`), the engine's snapshot leaves
+the pool and its jobs out, and the job's workload is labelled with the team's LocalQueue and priority
+class (`kueue_queue_for`). Where a backend and kind have both, the Kueue pools take its jobs.
 """
 
 from __future__ import annotations
@@ -16,11 +21,13 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from service.backend_options import BackendKind
+from service.scheduling.bands import bands_of
 from service.scheduling.config_file import PoolsFile
 from service.scheduling.detect import local_pools
+from service.scheduling.kueue_names import KueueQueue, kueue_queue
 from service.scheduling.model import Pool
 from service.store.models import PoolRow, utcnow
-from service.store.quotas import put_quotas_by_name
+from service.store.quotas import all_quotas, put_quotas_by_name
 from service.store.tokens import NotFound
 
 API, FILE, DETECTED = "api", "file", "detected"
@@ -126,5 +133,25 @@ def managed(pools: list[SourcedPool], backend: str) -> bool:
     return any(p.pool.backend == backend for p in pools)
 
 
-__all__ = ["API", "DETECTED", "FILE", "SourcedPool", "delete_pool", "effective_pools", "get_pool", "load_at_start",
-           "managed", "matching", "put_pool", "record_detected", "replace_file_pools", "stored_pools"]
+def kueue_kinds(pools: list[SourcedPool]) -> dict[tuple[str, str], str]:
+    """(backend, GPU kind) -> the Kueue-managed pool a waiting job of that backend and kind is admitted
+    to: the largest such pool, then by name. Kinds without a Kueue pool are absent."""
+    out: dict[tuple[str, str], str] = {}
+    for p in sorted((p.pool for p in pools if p.pool.kueue), key=lambda p: (-p.gpus, p.name)):
+        out.setdefault((p.backend.value, p.gpu), p.name)
+    return out
+
+
+def kueue_queue_for(session: Session, pool: str | None, team: str, priority: int) -> KueueQueue | None:
+    """The LocalQueue and priority class of a job admitted to `pool` (its `jobs.pool`), when that pool is
+    stored and Kueue-managed; None otherwise (no pool, a shardctl-managed pool, a pool since deleted).
+    The bands come from the quotas in the store, as `shardctl export kueue` makes them from the file."""
+    row = None if pool is None else session.get(PoolRow, pool)
+    if row is None or not row.pool.kueue:
+        return None
+    return kueue_queue(team, priority, bands_of(all_quotas(session).values()))
+
+
+__all__ = ["API", "DETECTED", "FILE", "SourcedPool", "delete_pool", "effective_pools", "get_pool", "kueue_kinds",
+           "kueue_queue_for", "load_at_start", "managed", "matching", "put_pool", "record_detected",
+           "replace_file_pools", "stored_pools"]

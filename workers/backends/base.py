@@ -40,6 +40,7 @@ from service.joblogs import ArtifactInfo as ArtifactInfo  # the output contract,
 from service.joblogs import LogChunk as LogChunk
 from service.joblogs import LogLine as LogLine
 from service.planner.result import Plan
+from service.scheduling.kueue_names import KueueQueue
 
 #: The retry policy by class lives with the classes (`service.failures.RETRIED`); this is its old name.
 RETRYABLE: frozenset[FailureClass] = RETRIED
@@ -74,6 +75,8 @@ class LaunchRequest(BaseModel):
     user_env: dict[str, str] = Field(default_factory=dict, description="The spec's entrypoint.env.")
     image: str | None = None
     options: BackendOptions = Field(default_factory=LocalOptions, description="The spec's backend options.")
+    kueue: KueueQueue | None = Field(None, description="Kubernetes: the job's pool is Kueue-managed; its"
+                                     " LocalQueue and priority class (labels), and the workload starts suspended.")
 
     @property
     def job_id(self) -> int:

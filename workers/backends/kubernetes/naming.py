@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from service.scheduling.kueue_names import PRIORITY_CLASS_LABEL, QUEUE_LABEL
 from workers.backends.base import LaunchRequest
 
 #: The workload object that runs a job: the values of the spec's `backend.object`.
@@ -58,7 +59,8 @@ LABEL_JOB_ID = "shardctl.dev/job-id"
 LABEL_ATTEMPT = "shardctl.dev/attempt"
 LABEL_NAME = "shardctl.dev/name"
 ANNOTATION_TEAM = "shardctl.dev/team"
-KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+KUEUE_QUEUE = QUEUE_LABEL  # kueue.x-k8s.io/queue-name
+KUEUE_PRIORITY_CLASS = PRIORITY_CLASS_LABEL  # kueue.x-k8s.io/priority-class
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 #: The one label selector of every list the backend makes.
 SELECTOR = f"{MANAGED_BY}={MANAGER}"

@@ -11,10 +11,13 @@ Nothing here talks to a cluster. `render_objects(req, options, kind)` returns, i
 4. the workload itself: a `JobSet` (default), an Indexed `Job`, or a Kubeflow `PyTorchJob`.
 
 Every other variable of `req.environment()` is a plain `env` value. The workload alone carries the
-Kueue `kueue.x-k8s.io/queue-name` label, when the team has a queue. Quantities are strings (`"8"`),
-as the `kubernetes` 37 client requires. Every `$(` that comes from the user (command, env values) is
-escaped as `$$(`, so the kubelet never expands it; only the renderer's own `$(SHARDCTL_NODE_RANK)` /
-`$(PET_NODE_RANK)` expand.
+Kueue labels: for a job of a Kueue-managed pool (`req.kueue`), `kueue.x-k8s.io/queue-name` (the team's
+LocalQueue) and `kueue.x-k8s.io/priority-class`, and the workload is created suspended (JobSet and Job
+`spec.suspend`, PyTorchJob `spec.runPolicy.suspend`) for Kueue to start; otherwise `queue-name` alone
+when `RenderOptions.queue_for_team` names the team's queue (installations without pools). Quantities
+are strings (`"8"`), as the `kubernetes` 37 client requires. Every `$(` that comes from the user
+(command, env values) is escaped as `$$(`, so the kubelet never expands it; only the renderer's own
+`$(SHARDCTL_NODE_RANK)` / `$(PET_NODE_RANK)` expand.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from workers.backends.kubernetes.naming import (
     ANNOTATION_TEAM,
     COMPLETION_INDEX,
     CONFIG_MAP,
+    KUEUE_PRIORITY_CLASS,
     KUEUE_QUEUE,
     LABEL_NAME,
     MANAGED_BY,
@@ -169,7 +173,10 @@ def _pod_template(req: LaunchRequest, options: RenderOptions, name: str, kind: O
 
 def _metadata(req: LaunchRequest, options: RenderOptions, name: str, *, queue: bool = False) -> dict[str, Any]:
     labels = labels_for(req)
-    if queue and req.team in options.queue_for_team:
+    if queue and req.kueue is not None:  # a Kueue-managed pool: the names `shardctl export kueue` renders
+        labels[KUEUE_QUEUE] = req.kueue.queue
+        labels[KUEUE_PRIORITY_CLASS] = req.kueue.priority_class
+    elif queue and req.team in options.queue_for_team:
         labels[KUEUE_QUEUE] = options.queue_for_team[req.team]
     return {"name": name, "namespace": namespace_for(req, options), "labels": labels,
             "annotations": {ANNOTATION_TEAM: req.team}}
@@ -224,11 +231,15 @@ def render_workload(req: LaunchRequest, options: RenderOptions, kind: ObjectKind
         if req.nodes > 1:
             replicas["Worker"] = {**copy.deepcopy(replica), "replicas": req.nodes - 1}
         run_policy: dict[str, Any] = {"backoffLimit": 0, "cleanPodPolicy": "Running"}
+        if req.kueue is not None:
+            run_policy["suspend"] = True
         if ttl is not None:
             run_policy["ttlSecondsAfterFinished"] = ttl
         spec = {"nprocPerNode": str(req.procs_per_node), "runPolicy": run_policy, "pytorchReplicaSpecs": replicas}
     if ttl is not None and kind != "pytorchjob":
         spec["ttlSecondsAfterFinished"] = ttl
+    if req.kueue is not None and kind != "pytorchjob":
+        spec["suspend"] = True  # Kueue unsuspends it on admission
     obj["spec"] = spec
     return obj
 
