@@ -3,8 +3,9 @@
 - `admit(s, reasons=False)` (the dispatcher's call: it skips provably inert jobs and stops once the
   cycle has settled) gives the same `admitted` and `preempted`, in the same order, as `admit(s)`,
   and its `order` is a prefix of the full one;
-- `explain` and `eta` (which skip provably inert jobs ahead of the target) answer what they answer
-  when every job is placed (`_inert` switched off: the walk the engine made before the fast paths).
+- `explain` and `eta` (which skip provably inert jobs ahead of the target, and once the cycle has
+  settled every job of another GPU kind) answer what they answer when every job is placed
+  (`_inert` switched off, no settle check: the walk the engine made before the fast paths).
 
 Over random snapshots (the engine tests' strategy, a richer one here with pins, backoffs, jobs
 being released, groups and both backends) and the benchmark's generator at a few seeds and sizes,
@@ -96,12 +97,21 @@ def _unskipped(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _assert_same_explanations(s: Snapshot, ids: list[int]) -> None:
+    """The same answers with inert jobs skipped (settle checked after every placement, and at the
+    normal interval: once settled, other kinds' jobs are skipped too) as with every job placed."""
     teams = {j.id: j.team for j in s.waiting}
-    fast = [(engine.explain(s, i, None), engine.explain(s, i, teams[i]), engine.eta(s, i)) for i in ids]
+    answers = []
+    for every in (1, engine.SETTLE_CHECK_EVERY):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(engine, "SETTLE_CHECK_EVERY", every)
+            answers.append([(engine.explain(s, i, None), engine.explain(s, i, teams[i]), engine.eta(s, i))
+                            for i in ids])
     with pytest.MonkeyPatch.context() as mp:
         _unskipped(mp)
+        mp.setattr(engine, "SETTLE_CHECK_EVERY", 10**9)
         slow = [(engine.explain(s, i, None), engine.explain(s, i, teams[i]), engine.eta(s, i)) for i in ids]
-    assert fast == slow
+    assert answers[0] == slow
+    assert answers[1] == slow
 
 
 @settings(max_examples=150, deadline=None)
