@@ -154,7 +154,9 @@ class _Cycle:
             kinds.add(r.gpu)
         for j in s.waiting:
             kinds.add(j.gpu)
-        for k in kinds:
+        # past usage may name a kind nothing holds or wants now (a pool removed): its cost counts in
+        # the team's fair share all the same
+        for k in kinds.union(*s.usage.values()):
             self.cost[k] = kind_cost(k, s.pools)
         # quotas per (team, kind); unowned capacity lends to everyone
         nominal_sum: dict[str, int] = {}

@@ -414,3 +414,13 @@ def test_admission_never_exceeds_capacity_or_quota_and_is_deterministic(s: Snaps
         assert v.preemptible and NOW - (v.started_at or v.admitted_at) >= s.min_runtime_s
         assert pre.by not in admitted_now
     assert len({p.victim for p in d.preempted}) == len(d.preempted)
+
+
+def test_past_usage_of_a_kind_no_pool_has_counts_in_fair_share_without_failing() -> None:
+    """A pool removed since: its kind's past usage (at catalog cost) still counts in the share."""
+    s = snap([pool("p", 8)], {"a": quota(8), "b": quota(8)},
+             waiting=[wait(1, "a", 1, submitted=NOW - 100), wait(2, "b", 1)],
+             usage={"a": {"L40S-48GB": 1000.0}, "b": {"L40S-48GB": 10.0}})
+    d = admit(s)
+    assert d.order == [2, 1]
+    assert [a.job_id for a in d.admitted] == [2, 1]
