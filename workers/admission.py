@@ -24,14 +24,13 @@ serialises every transaction already.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from types import ModuleType
 
 from sqlalchemy import ColumnElement, and_, false, not_, or_, select, text, update
 from sqlalchemy.orm import Session
 
+from service.scheduling import engine
 from service.scheduling.decisions import Decision
 from service.scheduling.snapshot import SnapshotParams, build_snapshot
 from service.store.models import Job
@@ -41,17 +40,6 @@ from service.store.vocab import JobStatus
 S = JobStatus
 #: the advisory lock key admission takes on PostgreSQL ("shardadm" as 8 bytes)
 ADMISSION_LOCK_KEY = int.from_bytes(b"shardadm", "big") & 0x7FFF_FFFF_FFFF_FFFF
-
-
-def engine_module() -> ModuleType | None:
-    """`service.scheduling.engine`, or None while it does not exist in this tree (then every queued
-    job is leased as before admission existed)."""
-    try:
-        return importlib.import_module("service.scheduling.engine")
-    except ModuleNotFoundError as exc:
-        if exc.name != "service.scheduling.engine":
-            raise
-        return None
 
 
 @dataclass
@@ -96,14 +84,13 @@ def lease(session: Session, *, now: datetime, owner: str, lease_s: float, batch:
           params: SnapshotParams) -> LeaseResult:
     """Lease up to `batch` jobs in the caller's transaction (see the module's docstring)."""
     postgres = session.get_bind().dialect.name == "postgresql"
-    engine = engine_module()
     pools = effective_pools(session, params.local_gpus)
     managed = sorted({p.pool.backend.value for p in pools})
     kueue = kueue_kinds(pools)
     of_kueue = _of_kinds(kueue)
     expired = or_(Job.lease_expires_at.is_(None), Job.lease_expires_at < now)
     holds = or_(Job.status == S.SUBMITTING, Job.pool.is_not(None))
-    if engine is not None and managed:
+    if managed:
         holds = or_(holds, Job.backend.not_in(managed))
     else:  # nothing to admit: every queued job goes, as before admission (Kueue's below, with their pool)
         holds = or_(holds, and_(Job.status == S.QUEUED, not_(of_kueue)) if kueue else Job.status == S.QUEUED)
@@ -115,8 +102,10 @@ def lease(session: Session, *, now: datetime, owner: str, lease_s: float, batch:
     if kueue and len(result.ids) < batch:
         _admit_to_kueue(session, kueue, of_kueue, expired, now=now, room=batch - len(result.ids),
                         postgres=postgres, into=result.ids)
-    if engine is not None and managed and _try_lock(session):
-        decision: Decision = engine.admit(build_snapshot(session, params, now=now))
+    if managed and _try_lock(session):
+        # the dispatcher needs admissions and preemptions only: no reasons, and the walk stops once
+        # nothing else can change this cycle (same decisions as the full `admit`, tested)
+        decision: Decision = engine.admit(build_snapshot(session, params, now=now), reasons=False)
         result.decision = decision
         for admission in decision.admitted:
             written = session.execute(
@@ -131,4 +120,4 @@ def lease(session: Session, *, now: datetime, owner: str, lease_s: float, batch:
     return result
 
 
-__all__ = ["ADMISSION_LOCK_KEY", "LeaseResult", "engine_module", "lease"]
+__all__ = ["ADMISSION_LOCK_KEY", "LeaseResult", "lease"]
