@@ -33,7 +33,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import SecretStr
@@ -47,6 +47,7 @@ from service.redaction import redact_strings
 from service.scheduling.kueue_names import KueueQueue
 from service.scheduling.snapshot import SnapshotParams
 from service.spec import TrainingSpec
+from service.store.backend_pending import ChangeKey, change_key, last_backend_pending
 from service.store.models import Attempt, Job, as_utc, utcnow
 from service.store.pools import kueue_queue_for
 from service.store.states import add_event, transition
@@ -150,6 +151,8 @@ class Dispatcher:
         self.backends = dict(backends)
         self.config = config or DispatcherConfig()
         self._postgres = sessions.kw["bind"].dialect.name == "postgresql"
+        #: job id -> (attempt, the backend's pending reason/estimate last recorded): `_note_backend_pending`
+        self._backend_pending: dict[int, tuple[int, ChangeKey]] = {}
 
     @property
     def actor(self) -> str:
@@ -397,6 +400,8 @@ class Dispatcher:
             if obs.state == RunState.RUNNING and attempt.started_at is None:  # usage counts from here
                 attempt.started_at = utcnow()
             obs = self._preempted_end(attempt, obs)
+            if obs.state == RunState.PENDING and status == S.PENDING:
+                self._note_backend_pending(session, job, attempt, obs)
             if obs.nodes and attempt.nodes != obs.nodes:
                 attempt.nodes = obs.nodes
             if obs.state == RunState.RUNNING and status == S.PENDING:
@@ -423,7 +428,31 @@ class Dispatcher:
                                              "reason": "the backend no longer knows this submission"})
                 self._finish(attempt, obs)
                 self._failed(session, job, status, obs)
+            if job.status != S.PENDING:
+                self._backend_pending.pop(job_id, None)
             return int(job.status != status)
+
+    def _note_backend_pending(self, session: Session, job: Job, attempt: Attempt, obs: Observation) -> None:
+        """Append `job.backend_pending` (data: reason, expected_start, attempt) when the backend's own
+        reason for holding this attempt, or its start estimate rounded to `ESTIMATE_STEP_S`, differs
+        from the last one recorded for the attempt; nothing when unchanged, so a job that waits for
+        hours writes once per change, not once per cycle. The last value is remembered per job in
+        this dispatcher's memory; the store's last event (one indexed read) decides whenever memory has
+        none or disagrees: after a restart, or when another replica recorded it. A first observation
+        without reason or estimate records nothing."""
+        key = change_key(obs.pending_reason, obs.expected_start)
+        if self._backend_pending.get(job.id) == (attempt.number, key):
+            return
+        last = last_backend_pending(session, job.id, attempt.number)
+        if (last.key if last is not None else (None, None)) != key:
+            when = (f"; expected to start at {datetime.fromtimestamp(obs.expected_start, UTC):%Y-%m-%dT%H:%M:%SZ}"
+                    if obs.expected_start is not None else "; no start estimate")
+            add_event(session, job, actor=self.actor, kind=EventKind.BACKEND_PENDING,
+                      message=f"{job.backend} holds attempt {attempt.number}: {obs.pending_reason or 'no reason given'}"
+                              + when,
+                      data={"reason": obs.pending_reason, "expected_start": obs.expected_start,
+                            "attempt": attempt.number})
+        self._backend_pending[job.id] = (attempt.number, key)
 
     def _record_requeues(self, session: Session, job: Job, attempt: Attempt, obs: Observation) -> Attempt:
         """A backend that requeued the same submission (Slurm preemption) reports `requeues`; each one

@@ -35,14 +35,34 @@ def _eta(eta: dict[str, Any] | None) -> str | None:
     if not eta or (eta.get("earliest_s") is None and eta.get("latest_s") is None):
         return None
     low, high = eta.get("earliest_s"), eta.get("latest_s")
+    if low == 0 and high == 0:
+        return f"starts now ({eta.get('method', '')})"
     band = (f"{human_seconds(low) if low is not None else '?'} to"
             f" {human_seconds(high) if high is not None else 'unknown'}")
     return f"starts in {band} ({eta.get('method', '')})"
 
 
+def _backend_eta(eta: dict[str, Any] | None) -> list[str]:
+    """For a job its backend holds: shardctl's own band and the backend's estimate side by side, then
+    how both were obtained."""
+    eta = eta or {}
+    low, high, start = eta.get("earliest_s"), eta.get("latest_s"), eta.get("backend_start_s")
+    if low is None and high is None:
+        ours = "none (shardctl does not queue this backend's jobs)"
+    elif low == 0 and high == 0:
+        ours = "starts now"
+    else:
+        ours = (f"starts in {human_seconds(low) if low is not None else '?'} to"
+                f" {human_seconds(high) if high is not None else 'unknown'}")
+    theirs = f"starts in {human_seconds(start)}" if start is not None else "none given"
+    lines = [f"  shardctl's band: {ours}", f"  the backend's estimate: {theirs}"]
+    return [*lines, f"  ({eta['method']})"] if eta.get("method") else lines
+
+
 def explanation_lines(job_id: int, data: dict[str, Any]) -> list[str]:
     """`GET /v1/jobs/{id}/explain` as lines a person reads: the verdict, each reason with its numbers,
-    the position, who is ahead (other teams only counted), the ETA band."""
+    the position, who is ahead (other teams only counted), the ETA band; for a job its backend holds
+    (`backend_pending`), shardctl's band and the backend's own start estimate side by side."""
     status = data.get("status", "?")
     if data.get("note"):
         lines = [f"job {job_id} ({status}): {data['note']}"]
@@ -64,6 +84,8 @@ def explanation_lines(job_id: int, data: dict[str, Any]) -> list[str]:
     others = data.get("ahead_other_teams") or {}
     if others.get("jobs"):
         lines.append(f"  ahead from other teams: {others['jobs']} jobs, {others.get('gpus', 0)} GPUs")
+    if any(r.get("code") == "backend_pending" for r in data.get("reasons", [])) and data.get("eta"):
+        return lines + _backend_eta(data["eta"])
     eta = _eta(data.get("eta"))
     if eta and not data.get("note"):
         lines.append(f"  {eta}")

@@ -51,6 +51,9 @@ class Eta(BaseModel):
     earliest_s: float | None
     latest_s: float | None
     method: str = Field(description="How the band was computed.")
+    backend_start_s: float | None = Field(None, description="For a job handed to its backend: the backend's own"
+                                          " estimate of its start, seconds from now (Slurm's `squeue --start`);"
+                                          " None when the backend gives none.")
 
 
 class Ahead(BaseModel):

@@ -58,6 +58,9 @@ class EventKind:
     BACKEND_UNREACHABLE = "backend.unreachable"
     PROFILE_FAILED = "job.profile_failed"
     PREEMPTED = "job.preempted"  # data: by (the job that needed the devices), reason, attempt, grace_s
+    #: data: reason (the backend's own words, or None), expected_start (epoch seconds, or None), attempt;
+    #: appended only when the backend's reason or (rounded) start estimate for the attempt changes
+    BACKEND_PENDING = "job.backend_pending"
 
     @staticmethod
     def status(status: JobStatus) -> str:

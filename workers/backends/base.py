@@ -171,6 +171,11 @@ class Observation(BaseModel):
     log_tail: str | None = None
     requeues: int = Field(0, description="Times the backend requeued this same submission (preemption).")
     requeue_reasons: list[str] = Field(default_factory=list)
+    pending_reason: str | None = Field(None, description="While PENDING: why the backend itself holds it, in the"
+                                       " backend's own words (Slurm's squeue reason such as `Resources`, a pod's"
+                                       " Unschedulable message, a Kueue admission wait); None when it gives none.")
+    expected_start: float | None = Field(None, description="While PENDING: when the backend expects to start it,"
+                                         " epoch seconds (Slurm's `squeue --start` estimate); None when it has none.")
 
 
 class Rendered(BaseModel):

@@ -4,7 +4,8 @@
 - `GET /v1/teams/{team}/usage?since=`: GPU-seconds per kind since then, GPUs admitted and borrowed
   now, waiting demand
 - `GET /v1/jobs/{id}/explain`: the engine's explanation for a waiting job (same visibility as
-  `GET /v1/jobs/{id}`); for a job that does not wait for admission, what it does instead
+  `GET /v1/jobs/{id}`); for a job that does not wait for admission, what it does instead, and for
+  one its backend holds (PENDING or SUBMITTING), the backend's own reason and start estimate
 
 A team another member's token cannot see is a 404 with the words of a missing team.
 """
@@ -24,9 +25,10 @@ from service.api.errors import ApiError
 from service.api.schemas import ErrorField, ErrorResponse
 from service.names import Label
 from service.scheduling import engine
-from service.scheduling.decisions import Explanation, Reason, ReasonCode
+from service.scheduling.decisions import Eta, Explanation, Reason, ReasonCode
 from service.scheduling.model import TeamQuota
 from service.scheduling.snapshot import SnapshotParams, build_snapshot, running_jobs, waiting_jobs
+from service.store.backend_pending import last_backend_pending
 from service.store.jobs import visible_job
 from service.store.models import Job, Team, as_utc, utcnow
 from service.store.pools import effective_pools, managed
@@ -156,6 +158,41 @@ def _not_waiting(job: Job, pools_managed: bool) -> Explanation | None:
                        note=f"job {job.id} is admitted{where} and handed to its backend")
 
 
+#: How explain names each backend, and whose start estimate it quotes.
+BACKEND_WORDS = {"slurm": "Slurm", "kubernetes": "Kubernetes", "local": "the local backend"}
+ESTIMATE_WORDS = {"slurm": "Slurm's own `squeue --start` estimate"}
+
+
+def _backend_pending(session: Session, job: Job, base: Explanation, pools_managed: bool) -> Explanation:
+    """`base` (a PENDING or SUBMITTING job's explanation) with the backend's own reason for holding
+    the current attempt, when the dispatcher recorded one (`job.backend_pending`): one
+    `backend_pending` reason quoting the backend, and an `eta` that puts shardctl's own band (0: it
+    is admitted, shardctl holds nothing back; none when shardctl does not queue this backend) next
+    to the backend's estimate (`backend_start_s`, seconds from now). `base` unchanged otherwise."""
+    if job.status not in (S.PENDING, S.SUBMITTING) or not job.attempts:
+        return base
+    last = last_backend_pending(session, job.id, job.attempts[-1].number)
+    if last is None or (last.reason is None and last.expected_start is None):
+        return base
+    backend = job.backend.value
+    who = BACKEND_WORDS.get(backend, backend)
+    where = f" to pool {job.pool}" if job.pool else ""
+    reason = Reason(code=ReasonCode.BACKEND_PENDING, flavor=job.gpu, requested=job.gpus,
+                    message=f"admitted{where}; {who} holds it: {last.reason or 'it gives no reason'}")
+    now = utcnow().timestamp()
+    start_s = None if last.expected_start is None else round(max(0.0, last.expected_start - now), 1)
+    estimate = ESTIMATE_WORDS.get(backend, f"{who}'s own estimate")
+    method = (f"{estimate}: {start_s:g} s from now" if start_s is not None
+              else f"{who} gives no start estimate")
+    if pools_managed:
+        eta = Eta(earliest_s=0.0, latest_s=0.0, backend_start_s=start_s,
+                  method=f"shardctl: already admitted{where}, nothing of its own holds it back; {method}")
+    else:
+        eta = Eta(earliest_s=None, latest_s=None, backend_start_s=start_s,
+                  method=f"shardctl: no band, it does not queue {backend} jobs (no pool declared); {method}")
+    return base.model_copy(update={"reasons": [reason], "eta": eta})
+
+
 @router.get("/v1/jobs/{job_id}/explain", response_model=Explanation, responses=ERRORS,
             summary="Why a job waits: reasons, position, who is ahead, an ETA band")
 def explain_job(job_id: JobId, principal: Caller, db: Db, request: Request) -> Response:
@@ -166,8 +203,11 @@ def explain_job(job_id: JobId, principal: Caller, db: Db, request: Request) -> R
         job = visible_job(session, principal, job_id)
         params = SnapshotParams.from_settings(settings)
         pools = effective_pools(session, params.local_gpus)
-        done = _not_waiting(job, managed(pools, job.backend.value))
-        if done is None:
+        pools_managed = managed(pools, job.backend.value)
+        done = _not_waiting(job, pools_managed)
+        if done is not None:
+            done = _backend_pending(session, job, done, pools_managed)
+        else:
             viewer = None if principal.role == Role.ADMIN else job.team.name
             try:
                 done = engine.explain(build_snapshot(session, params), job_id, viewer)

@@ -1,5 +1,7 @@
 """Status mapping (pure): a workload object and its pods, as the API server returned them, to an
-`Observation` (state, failure class, exit code, nodes, log tail). `observe` is the heart of `poll`.
+`Observation` (state, failure class, exit code, nodes, log tail; while pending, why: a pod's
+`PodScheduled=False` condition, or a suspended workload's Kueue admission wait). `observe` is the
+heart of `poll`.
 
 Infrastructure causes win over program exits: when a node dies, the other ranks fail afterwards in
 NCCL with exit 1, and the node is the real cause. See the state table in `docs/kubernetes.md`.
@@ -110,6 +112,35 @@ def _pending_since(pod: Mapping[str, Any]) -> tuple[float, str] | None:
     return None
 
 
+def scheduling_wait(pods: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why the scheduler has not placed this workload's pods, in its words: the first pod whose
+    `PodScheduled` condition is False, as "<reason>: <message>" (e.g. "Unschedulable: 0/4 nodes are
+    available: 4 Insufficient nvidia.com/gpu."); None when every pod is placed or none says why."""
+    for pod in pods:
+        for cond in (pod.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("reason"):
+                message = str(cond.get("message") or "").strip()
+                return f"{cond['reason']}: {message}" if message else str(cond["reason"])
+    return None
+
+
+def admission_wait(obj: Mapping[str, Any]) -> str:
+    """Why a suspended workload waits, in Kueue's words when the object carries them: a `QuotaReserved`
+    condition that is False ("waiting for Kueue admission: <message>"), else its `Suspended`
+    condition ("suspended: <reason>: <message>"), else "suspended: waiting for Kueue admission"."""
+    conds = [c for c in (obj.get("status") or {}).get("conditions") or [] if isinstance(c, dict)]
+    for cond in conds:
+        if cond.get("type") == "QuotaReserved" and cond.get("status") == "False":
+            words = ": ".join(str(cond[k]) for k in ("reason", "message") if cond.get(k))
+            return "waiting for Kueue admission" + (f": {words}" if words else "")
+    for cond in conds:
+        if cond.get("type") == "Suspended" and cond.get("status") == "True":
+            words = ": ".join(str(cond[k]) for k in ("reason", "message") if cond.get(k))
+            if words:
+                return f"suspended: {words}"
+    return "suspended: waiting for Kueue admission"
+
+
 def observe(kind: ObjectKind, obj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], *, now: float,
             unschedulable_after_s: float) -> Observation:
     """Map a workload object and its pods to an Observation (pure; the heart of `poll`)."""
@@ -132,7 +163,8 @@ def observe(kind: ObjectKind, obj: Mapping[str, Any], pods: Sequence[Mapping[str
         text = " ".join(str((suspended or {}).get(k) or "") for k in ("reason", "message")).strip()
         preempted = bool(re.search(r"preempt|evict", text, re.IGNORECASE))
         return Observation(state=RunState.PENDING, nodes=nodes, failure=FailureClass.PREEMPTED if preempted else None,
-                           reason=f"suspended (queued){': ' + text if text else ''}")
+                           reason=f"suspended (queued){': ' + text if text else ''}",
+                           pending_reason=admission_wait(obj))
     for pod in pods:  # one rank that cannot start holds the whole gang: a launch error, not a wait
         cannot_start = launch_failure(pod)
         if cannot_start is not None:
@@ -152,12 +184,14 @@ def observe(kind: ObjectKind, obj: Mapping[str, Any], pods: Sequence[Mapping[str
         if kind == "pytorchjob" and "Restarting" in conds:
             reason = "restarting"
         return Observation(state=RunState.RUNNING, nodes=nodes, reason=reason)
+    unplaced = scheduling_wait(pods)
     for pod in pods:
         waiting = _pending_since(pod)
         if waiting is not None and now - waiting[0] >= unschedulable_after_s:
             return Observation(state=RunState.PENDING, nodes=nodes, failure=FailureClass.CAPACITY,
-                               reason=f"unschedulable for {now - waiting[0]:.0f} s: {waiting[1]}")
-    return Observation(state=RunState.PENDING, nodes=nodes)
+                               reason=f"unschedulable for {now - waiting[0]:.0f} s: {waiting[1]}",
+                               pending_reason=unplaced)
+    return Observation(state=RunState.PENDING, nodes=nodes, pending_reason=unplaced)
 
 
 def _failed(cond: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], nodes: list[str]) -> Observation:

@@ -16,6 +16,7 @@ Everything here is pure: the CLI arguments to run, and functions of their output
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 
 from workers.backends.slurm.nodelist import fuller, nodes_complete
 from workers.backends.slurm.states import LIVE, state_word
@@ -24,8 +25,11 @@ from workers.backends.slurm.states import LIVE, state_word
 Record = Mapping[str, str]
 SACCT_FIELDS = ("JobIDRaw", "JobName", "State", "ExitCode", "NodeList", "Reason", "WorkDir", "NNodes")
 #: squeue's columns, in the order of SACCT_FIELDS minus ExitCode (squeue has none): id, name, state,
-#: nodes, reason, working directory, node count
-SQUEUE_FORMAT = "%i|%j|%T|%N|%r|%Z|%D"
+#: nodes, reason, working directory, node count; then the start time (`StartTime`): for a pending job
+#: the controller's expected start, the same value `squeue --start` shows ("N/A" while it has none)
+SQUEUE_FORMAT = "%i|%j|%T|%N|%r|%Z|%D|%S"
+#: start times that are no time: none computed yet, or none that applies
+NO_START = frozenset({"", "N/A", "NONE", "UNKNOWN", "(NULL)"})
 
 
 def sacct_args(*, ids: Sequence[str] = (), names: Sequence[str] = (), window: str = "now-30days") -> list[str]:
@@ -63,13 +67,14 @@ def parse_sacct(output: str) -> dict[str, list[dict[str, str]]]:
 
 def parse_squeue(output: str) -> dict[str, dict[str, str]]:
     """`squeue_args` output -> job name -> the newest job of that name, as a sacct-shaped record
-    (`ExitCode` "0:0": squeue does not know it)."""
+    (`ExitCode` "0:0": squeue does not know it) plus squeue's `StartTime`."""
     live: dict[str, dict[str, str]] = {}
     for line in output.splitlines():
-        job_id, name, state, nodelist, reason, workdir, count = (line.split("|") + [""] * 7)[:7]
+        job_id, name, state, nodelist, reason, workdir, count, start = (line.split("|") + [""] * 8)[:8]
         if job_id.isdigit() and (name not in live or int(job_id) > int(live[name]["JobIDRaw"])):
             live[name] = {"JobIDRaw": job_id, "JobName": name, "State": state, "ExitCode": "0:0",
-                          "NodeList": nodelist, "Reason": reason, "WorkDir": workdir, "NNodes": count}
+                          "NodeList": nodelist, "Reason": reason, "WorkDir": workdir, "NNodes": count,
+                          "StartTime": start}
     return live
 
 
@@ -81,6 +86,28 @@ def parse_squeue_by_id(output: str) -> dict[str, dict[str, str]]:
         if job_id.isdigit():
             by_id.update({r["JobIDRaw"]: r for r in parse_squeue(line).values()})
     return by_id
+
+
+def start_time(value: str) -> float | None:
+    """squeue's `%S` (ISO 8601 in the local time zone, as the Slurm CLI prints it without
+    `SLURM_TIME_FORMAT`) -> epoch seconds; None for "N/A", "Unknown", empty or anything unreadable."""
+    if value.strip().upper() in NO_START:
+        return None
+    try:
+        return datetime.fromisoformat(value.strip()).timestamp()  # a naive time is local, as squeue printed it
+    except ValueError:
+        return None
+
+
+def pending_details(current: Record | None, accounted: Sequence[Record] | None) -> tuple[str | None, float | None]:
+    """Why Slurm holds a pending job and when it expects to start it: squeue's reason (`Resources`,
+    `Priority`, `BeginTime`, `QOSMaxGRESPerUser`, ...) and start estimate when squeue has the job,
+    else sacct's latest reason and no estimate. "None" or empty -> None."""
+    record = current if current is not None else (accounted[-1] if accounted else None)
+    if record is None:
+        return None, None
+    reason = record.get("Reason", "").strip()
+    return (reason if reason and reason.upper() not in NO_START else None), start_time(record.get("StartTime", ""))
 
 
 def ids_in(output: str, workdir: str) -> list[int]:

@@ -4,7 +4,8 @@
   serialised (secrets redacted, plan left out), `submit` sends that same object (`client.sbatch`).
 - `find`: `squeue`, then `sacct`, for the newest job of that name run in this backend's attempt folder.
 - `poll`: ONE `sacct` for all handles, plus at most one `squeue` (`accounting` merges them, `states`
-  maps them); a failed job gets its log tail (`logs`).
+  maps them); a failed job gets its log tail (`logs`), a pending one Slurm's reason and start
+  estimate from that same squeue (`pending_reason`, `expected_start`).
 - `cancel`: `scancel`, idempotent.
 """
 
@@ -122,6 +123,8 @@ class SlurmBackend:
                                                reason="Slurm has no job by this id/name")
                 continue
             obs = observe(merged)
+            if obs.state == RunState.PENDING:  # Slurm's own reason and estimate, from the same squeue
+                obs.pending_reason, obs.expected_start = accounting.pending_details(current, records.get(job_id or ""))
             if obs.state == RunState.FAILED:
                 obs.log_tail = log_tail(self.job_folder(h.name), obs.job_id)
                 obs = with_output_evidence(obs)  # an out-of-memory message makes it oom_gpu / oom_host
