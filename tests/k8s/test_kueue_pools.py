@@ -95,6 +95,9 @@ def test_kueue_pool_jobs_are_not_gated_and_are_labelled_and_suspended(
     routine = _submit(env, admin, "vision", H100, 8, priority=10)
     gated = _submit(env, admin, "vision", A100, 2)  # the engine's pool: vision may not borrow A100s
     owned = _submit(env, admin, "nlp", A100, 4)  # nlp's whole nominal quota, untouched by the Kueue jobs
+    before = env.client.get(f"/v1/jobs/{urgent}/explain", headers=admin)  # before any dispatcher cycle
+    assert before.status_code == 200 and before.json()["pool"] == "h100-kueue", before.text
+    assert "Kueue" in before.json()["note"] and before.json()["admitted"] is False
 
     _dispatcher(env, fake).run_once()
 

@@ -31,7 +31,7 @@ from service.scheduling.snapshot import SnapshotParams, build_snapshot, running_
 from service.store.backend_pending import last_backend_pending
 from service.store.jobs import visible_job
 from service.store.models import Job, Team, as_utc, utcnow
-from service.store.pools import effective_pools, managed
+from service.store.pools import effective_pools, kueue_kinds, managed
 from service.store.quotas import get_quota, put_quota
 from service.store.tokens import NotFound, Principal, ensure_team, team_by_name
 from service.store.usage import gpu_seconds
@@ -205,6 +205,11 @@ def explain_job(job_id: JobId, principal: Caller, db: Db, request: Request) -> R
         pools = effective_pools(session, params.local_gpus)
         pools_managed = managed(pools, job.backend.value)
         done = _not_waiting(job, pools_managed)
+        kueue_pool = kueue_kinds(pools).get((job.backend.value, job.gpu))
+        if done is None and kueue_pool is not None:  # Kueue admits it, not shardctl's engine
+            done = Explanation(status=job.status.value, admitted=False, pool=kueue_pool,
+                               note=f"pool {kueue_pool} is managed by Kueue: the next dispatcher cycle hands job"
+                               f" {job.id} to it, and Kueue admits it (see the workload's conditions)")
         if done is not None:
             done = _backend_pending(session, job, done, pools_managed)
         else:
