@@ -155,6 +155,10 @@ def merge(accounted: Sequence[Record] | None, current: Record | None) -> list[Re
             # preempted or requeued, and already queued again: sacct has not written the new run's record
             # yet. Without it the job would read as ended (and be submitted a second time).
             return [*history, last, {**last, "State": current["State"], "NodeList": current["NodeList"]}]
+        if current["State"] == "CANCELLED" and state_word(last["State"]) in REQUEUABLE:
+            # cancelled while queued again after a requeue: sacct may never write a record for that
+            # (seen on slurm 22.05), so without squeue's word the job would read as pending for ever
+            return [*history, last, {**last, "State": "CANCELLED", "NodeList": current["NodeList"]}]
         if current["State"] in LIVE:  # fresher than sacct
             return [*history, {**last, "State": current["State"],
                                "NodeList": fuller(last["NodeList"], current["NodeList"])}]
