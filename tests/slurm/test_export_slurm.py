@@ -75,8 +75,9 @@ def test_accounts_fairshare_caps_and_qos_read_back(applied: PoolsFile) -> None:
 
 def test_gpu_caps_apply_where_the_cluster_tracks_gres_gpu() -> None:
     slurm_partition()
-    if "gres/gpu" not in sh("sacctmgr -n -P show tres format=type,name").replace("|", "/"):
-        pytest.skip("this cluster's AccountingStorageTRES has no gres/gpu (deploy/slurm.sh's nodes have no GPUs)")
+    assert "gres/gpu" in sh("sacctmgr -n -P show tres format=type,name").replace("|", "/"), (
+        "the cluster does not track gres/gpu: deploy/slurm.sh sets GresTypes=gpu and AccountingStorageTRES=gres/gpu;"
+        " run it again to reconfigure")
     pf = parse_pools_text(f"""
 pools: [{{name: h100, backend: slurm, gpu: H100-SXM-80GB, gpus: 16, partition: debug}}]
 teams: {{{PREFIX}-gpu: {{flavors: {{H100-SXM-80GB: {{nominal: 4, borrowing_limit: 2}}}}}}}}
