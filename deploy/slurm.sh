@@ -175,6 +175,9 @@ write_configs() {  # sets CTL_CHANGED / DBD_CHANGED
 ClusterName=$CLUSTER
 SlurmctldHost=localhost
 AuthType=auth/munge
+# step credentials live 30 s (default 120): on this one-machine cluster that is ample, and a requeued
+# (preempted) job waits that long before it may start again, not two minutes
+AuthInfo=cred_expire=30
 CredType=cred/munge
 SlurmUser=slurm
 SlurmdUser=root
