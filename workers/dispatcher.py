@@ -491,6 +491,10 @@ class Dispatcher:
         attempt.failure = obs.failure if obs.state != RunState.SUCCEEDED else None
         attempt.log_tail = obs.log_tail
         attempt.finished_at = utcnow()
+        if attempt.started_at is None and obs.exit_code is not None:
+            # it ran and ended between two polls: its GPUs were held since it was handed over (an upper
+            # bound; without it the run would count as no usage at all in fair share)
+            attempt.started_at = attempt.created_at
 
     def _failed(self, session: Session, job: Job, status: JobStatus, obs: Observation) -> None:
         data = {"exit_code": obs.exit_code, "failure": obs.failure.value if obs.failure else None,

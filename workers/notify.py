@@ -41,7 +41,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.notify import signing
-from service.notify.addresses import AddressRefused, check_address
+from service.notify.addresses import AddressRefused, Unresolved, check_address
 from service.notify.bodies import render
 from service.notify.retry import GONE, backoff_s, is_retryable, retry_after_s
 from service.store.models import utcnow
@@ -184,6 +184,8 @@ class Notifier:
         try:
             check_address(parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80),
                           allow_private=self.config.allow_private)
+        except Unresolved as exc:  # a DNS outage is retried like a connection error
+            return Answer(error=str(exc))
         except AddressRefused as exc:
             return Answer(error=str(exc), final_error=True)
         headers = {"Content-Type": "application/json", "Shardctl-Event-Id": str(item.event_id),

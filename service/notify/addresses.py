@@ -59,13 +59,18 @@ def check_url(url: str, *, allow_private: bool) -> str:
     return url
 
 
+class Unresolved(AddressRefused):
+    """The host does not resolve now: refused at subscription, but a delivery retries (DNS outages pass)."""
+
+
 def check_address(host: str, port: int, *, allow_private: bool) -> None:
-    """`AddressRefused` when `host` does not resolve, or resolves to an address that is not allowed."""
+    """`AddressRefused` when `host` resolves to an address that is not allowed; `Unresolved` (a kind of
+    it) when it does not resolve."""
     if allow_private:
         return
     addresses = resolve(host, port)
     if not addresses:
-        raise AddressRefused(f"host {host!r} does not resolve; check the name")
+        raise Unresolved(f"host {host!r} does not resolve; check the name")
     for address in addresses:
         why = _refused_ip(ipaddress.ip_address(address.split("%", 1)[0]))
         if why is not None:

@@ -17,6 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.api.app import create_app
+from service.joblogs import encode_cursor
 from service.settings import Settings
 from service.store.db import make_engine, make_sessionmaker
 from tests.db_fixtures import Env, LiveServer
@@ -201,7 +202,8 @@ def test_another_teams_job_is_not_found_and_a_bad_cursor_is_refused(logs_env: En
     r = env.client.get(f"/v1/jobs/{job_id}/logs", params={"follow": "true"}, headers=beta)
     assert r.status_code == 404
     assert run_to_end(env, tmp_path, job_id, alpha) == "SUCCEEDED"
-    for bad in ("1.!!", "nonsense", "1.bm90IGpzb24", "1.WzFd"):  # not ours, not JSON, a list
+    huge = "1." + encode_cursor({"node0": 10**30})  # a forged offset no file has: a 400, never a 500
+    for bad in ("1.!!", "nonsense", "1.bm90IGpzb24", "1.WzFd", huge):  # not ours, not JSON, a list
         r = env.client.get(f"/v1/jobs/{job_id}/logs", params={"cursor": bad}, headers=alpha)
         assert r.status_code == 400 and "cursor" in r.json()["error"]["message"], (bad, r.text)
     r = env.client.get(f"/v1/jobs/{job_id}/logs", params={"cursor": end["next_cursor"] or "1.", "attempt": 2},

@@ -97,6 +97,15 @@ def test_a_single_process_job_killed_by_a_signal_says_which(env: Env, admin: dic
     assert len(job["attempts"]) == 1
 
 
+def test_a_program_exiting_75_without_notice_is_its_own_error_not_a_preemption(env: Env, admin: dict[str, str],
+                                                                               tmp_path: Path) -> None:
+    # 75 is what the runtime exits with after a preemption notice; a program may use it (EX_TEMPFAIL)
+    code = "import sys; print('temporary failure', flush=True); sys.exit(75)"
+    job = failed_job(env, admin, tmp_path, tiny(resources={"gpus_per_node": 1},
+                                                entrypoint={"command": ["python", "-c", code]}))
+    assert [(a["failure"], a["exit_code"]) for a in job["attempts"]] == [("program_error", 75)]
+
+
 @pytest.mark.parametrize("message,expected", [
     ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "oom_gpu"),
     ("MemoryError", "oom_host"),

@@ -25,8 +25,6 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from service.jobenv import PREEMPTED_EXIT_CODE
-
 PREEMPT_FILE = "preempt.json"
 
 
@@ -105,7 +103,7 @@ def arm_deadline(attempt: Path) -> None:
 
 
 def ended_preempted(attempt: Path, codes: list[int]) -> bool:
-    """Whether the attempt's end counts as a preemption: it had notice and did not succeed, or a process
-    exited with the preempted code."""
-    failed = any(c != 0 for c in codes)
-    return (failed and requested(attempt) is not None) or PREEMPTED_EXIT_CODE in codes
+    """Whether the attempt's end counts as a preemption: it had notice and did not succeed. Exit code 75
+    without notice is the program's own (EX_TEMPFAIL is common): a program error, never a preemption,
+    which would requeue it at once and without counting, for ever."""
+    return any(c != 0 for c in codes) and requested(attempt) is not None

@@ -47,9 +47,13 @@ class FileSource:
     default_rank: int | None = None
 
 
+#: No log file is this large; a bigger offset is a forged cursor (seek would fail with EINVAL or overflow).
+MAX_OFFSET = 1 << 48
+
+
 def offsets_of(cursor: str | None) -> dict[str, int]:
     state = decode_cursor(cursor)
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in state.values()):
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_OFFSET for v in state.values()):
         raise BadCursor("not a cursor of this job's log files: pass back a `cursor` or `next_cursor` as sent")
     return dict(state)
 

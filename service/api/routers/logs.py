@@ -228,16 +228,19 @@ def get_logs(job_id: JobId, principal: Caller, db: Db, request: Request,
     out: list[str] = []
     finished = False
     for _ in range(MAX_READS):
+        before = inner
         try:
             chunk = reader.read_logs(ref, rank=rank, cursor=inner, limit=limit - len(out))
         except OutputsError as exc:
             raise _api_error(exc) from exc
         out += [json.dumps(_line_out(ref.attempt, line)) for line in chunk.lines]
         inner = chunk.next_cursor
-        if chunk.finished or (ended and not chunk.lines):  # the store said ended before the first read
+        # ended in the store before the read, and the read found nothing more: not "no lines of this
+        # rank in this read" (the cursor moved past other ranks' lines), which is not the end
+        if chunk.finished or (ended and not chunk.lines and inner == before):
             finished = True
             break
-        if not chunk.lines or len(out) >= limit:
+        if len(out) >= limit or (not chunk.lines and inner == before):
             break
     next_cursor = join_cursor(ref.attempt, inner or "")
     end = LogPageEnd(next_cursor=next_cursor, finished=finished, attempt=ref.attempt)
@@ -298,6 +301,7 @@ async def follow_logs(db: sessionmaker[Session], reader: LogReader, secret: str,
         lines: list[LogLine] = []
         if ref is not None:
             number = ref.attempt  # follow this attempt to its end, even if a retry starts another
+            before = cursor
             try:
                 chunk = await anyio.to_thread.run_sync(_read, reader, ref, rank, cursor)
             except OutputsError as exc:
@@ -307,7 +311,7 @@ async def follow_logs(db: sessionmaker[Session], reader: LogReader, secret: str,
             lines, cursor = chunk.lines, chunk.next_cursor
             for line in lines:
                 yield _sse("line", _line_out(ref.attempt, line), join_cursor(ref.attempt, line.cursor))
-            if chunk.finished or (ended and not lines):
+            if chunk.finished or (ended and not lines and cursor == before):
                 final = join_cursor(ref.attempt, cursor or "")
                 yield _sse("end", {"next_cursor": final, "attempt": ref.attempt}, final)
                 return

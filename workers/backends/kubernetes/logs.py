@@ -31,6 +31,8 @@ from workers.backends.kubernetes.client import KubeClient
 from workers.backends.kubernetes.naming import COMPLETION_INDEX, LABEL_NAME, POD, SELECTOR
 
 MAX_READ = 256 * 1024
+#: Bytes a cursor may skip within one second; more is a forged cursor (the API server parses limitBytes as int64).
+MAX_SKIP = 1 << 48
 NO_ARTIFACTS = ("artifacts are not available on Kubernetes: the job's output folder is a volume inside its pods"
                 " that this server cannot read; copy them from the pods (kubectl cp) or write them to storage"
                 " the job reaches")
@@ -64,7 +66,7 @@ def _positions(cursor: str | None) -> dict[str, tuple[str, int]]:
     out: dict[str, tuple[str, int]] = {}
     for pod, value in state.items():
         if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str)
-                and isinstance(value[1], int) and not isinstance(value[1], bool) and value[1] >= 0):
+                and isinstance(value[1], int) and not isinstance(value[1], bool) and 0 <= value[1] <= MAX_SKIP):
             raise BadCursor("not a cursor of this job's pod logs: pass back a `cursor` or `next_cursor` as sent")
         out[pod] = (value[0], value[1])
     return out
