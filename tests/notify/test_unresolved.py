@@ -7,7 +7,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from service.store.db import make_engine, make_sessionmaker
-
 from service.store.notify_models import WebhookFormat
 from workers.notify import Leased, Notifier, NotifierConfig
 
