@@ -74,7 +74,7 @@ FAILPOINT_ENV = "SHARDCTL_FAILPOINT"
 
 def failpoint(name: str) -> None:
     """Crash-test hook: when $SHARDCTL_FAILPOINT names this point, die here by SIGKILL (no cleanup),
-    as a machine failure would. Points: after-submitting-commit, after-backend-answer."""
+    as a machine failure would. Points: after-submitting-commit, after-backend-answer, after-preempt-mark."""
     if os.environ.get(FAILPOINT_ENV) == name:
         os.kill(os.getpid(), signal.SIGKILL)
 S = JobStatus
@@ -153,6 +153,8 @@ class Dispatcher:
         self._postgres = sessions.kw["bind"].dialect.name == "postgresql"
         #: job id -> (attempt, the backend's pending reason/estimate last recorded): `_note_backend_pending`
         self._backend_pending: dict[int, tuple[int, ChangeKey]] = {}
+        #: attempts this process gave preemption notice to (`preempt`, `_resend_notices`)
+        self._notice_sent: set[int] = set()
 
     @property
     def actor(self) -> str:
@@ -314,25 +316,14 @@ class Dispatcher:
         is already being preempted, is left alone. If the backend cannot be reached the mark is undone
         (the caller may choose again) and the backend's error is raised."""
         grace = self.config.preempt_grace_s
-        with self.sessions.begin() as session:
-            job = session.get(Job, job_id, with_for_update=self._postgres)
-            backend = self.backends.get(job.backend) if job is not None else None
-            if job is None or backend is None or job.status not in (S.PENDING, S.RUNNING) or not job.attempts:
-                log.info("not preempting job %s: it is not running here", job_id)
-                return
-            attempt = job.attempts[-1]
-            if attempt.failure == FailureClass.PREEMPTED or attempt.finished_at is not None:
-                return
-            attempt.failure = FailureClass.PREEMPTED
-            attempt.exit_reason = f"preempted by job {by}: {reason}"
-            add_event(session, job, actor=self.actor, kind=EventKind.PREEMPTED,
-                      message=f"preempted by job {by}: {reason} (attempt {attempt.number};"
-                              f" {grace:.0f} s to checkpoint)",
-                      data={"by": by, "reason": reason, "attempt": attempt.number, "grace_s": grace})
-            attempt_id = attempt.id
-            handle = Handle(name=attempt.backend_name, backend_id=attempt.backend_id)
+        marked = self._mark_preempted(job_id, by=by, reason=reason)
+        if marked is None:
+            return
+        attempt_id, backend, handle = marked
+        failpoint("after-preempt-mark")
         try:
             backend.preempt(handle, grace)
+            self._notice_sent.add(attempt_id)
         except (BackendUnavailable, TransientBackendError) as exc:
             with self.sessions.begin() as session:
                 undo = session.get(Attempt, attempt_id)
@@ -342,6 +333,42 @@ class Dispatcher:
                     add_event(session, job, actor=self.actor, kind=EventKind.BACKEND_UNREACHABLE,
                               message=f"the preemption of attempt {undo.number} was not delivered: {exc}")
             raise
+
+    def _mark_preempted(self, job_id: int, *, by: int, reason: str) -> tuple[int, Backend, Handle] | None:
+        """The first step of `preempt`, in one transaction: mark the current attempt and write the event.
+        Returns what the second step needs (attempt id, backend, handle), or None to leave the job alone."""
+        grace = self.config.preempt_grace_s
+        with self.sessions.begin() as session:
+            job = session.get(Job, job_id, with_for_update=self._postgres)
+            backend = self.backends.get(job.backend) if job is not None else None
+            if job is None or backend is None or job.status not in (S.PENDING, S.RUNNING) or not job.attempts:
+                log.info("not preempting job %s: it is not running here", job_id)
+                return None
+            attempt = job.attempts[-1]
+            if attempt.failure == FailureClass.PREEMPTED or attempt.finished_at is not None:
+                return None
+            attempt.failure = FailureClass.PREEMPTED
+            attempt.exit_reason = f"preempted by job {by}: {reason}"
+            add_event(session, job, actor=self.actor, kind=EventKind.PREEMPTED,
+                      message=f"preempted by job {by}: {reason} (attempt {attempt.number};"
+                              f" {grace:.0f} s to checkpoint)",
+                      data={"by": by, "reason": reason, "attempt": attempt.number, "grace_s": grace})
+            return attempt.id, backend, Handle(name=attempt.backend_name, backend_id=attempt.backend_id)
+
+    def _resend_notices(self, backend: Backend, marked: list[tuple[int, Handle]]) -> None:
+        """Give notice again, once per dispatcher process, to attempts marked as preempted whose notice this
+        process did not send: a dispatcher killed between the mark and `Backend.preempt` (or another
+        replica's send) leaves no way to know whether it went out, and a mark without a notice would hold
+        the victim's GPUs as "being released" until it ended by itself. Every backend's `preempt` is
+        idempotent for a run that already has notice."""
+        for attempt_id, handle in marked:
+            if attempt_id in self._notice_sent:
+                continue
+            self._notice_sent.add(attempt_id)
+            log.info("giving notice again to %s (marked as preempted; this dispatcher did not send it)",
+                     handle.name, extra={"attempt_id": attempt_id})
+            with contextlib.suppress(BackendUnavailable, TransientBackendError):
+                backend.preempt(handle, self.config.preempt_grace_s)
 
     @staticmethod
     def _preempted_end(attempt: Attempt, obs: Observation) -> Observation:
@@ -361,12 +388,17 @@ class Dispatcher:
         latest = select(func.max(older.number)).where(older.job_id == Job.id).correlate(Job).scalar_subquery()
         with self.sessions.begin() as session:
             rows = session.execute(
-                select(Job.id, Job.backend, Job.status, Attempt.number, Attempt.backend_name, Attempt.backend_id)
+                select(Job.id, Job.backend, Job.status, Attempt.number, Attempt.backend_name, Attempt.backend_id,
+                       Attempt.id, Attempt.failure, Attempt.finished_at)
                 .join(Attempt, Attempt.job_id == Job.id)
                 .where(Job.status.in_(TRACKED), Attempt.number == latest)).all()
         by_backend: dict[str, list[tuple[int, JobStatus, int, Handle]]] = defaultdict(list)
-        for job_id, kind, status, number, name, backend_id in rows:
-            by_backend[kind].append((job_id, status, number, Handle(name=name, backend_id=backend_id)))
+        marked: dict[str, list[tuple[int, Handle]]] = defaultdict(list)
+        for job_id, kind, status, number, name, backend_id, attempt_id, failure, finished_at in rows:
+            handle = Handle(name=name, backend_id=backend_id)
+            by_backend[kind].append((job_id, status, number, handle))
+            if failure == FailureClass.PREEMPTED and finished_at is None and status != S.CANCELLING:
+                marked[kind].append((attempt_id, handle))
         for backend_name, items in by_backend.items():
             backend = self.backends.get(backend_name)
             if backend is None:
@@ -375,6 +407,7 @@ class Dispatcher:
                 if status == S.CANCELLING:
                     with contextlib.suppress(BackendUnavailable, TransientBackendError):  # again next cycle
                         backend.cancel(handle)
+            self._resend_notices(backend, marked.get(backend_name, []))
             try:
                 observed = backend.poll([h for _, _, _, h in items])
             except BackendUnavailable:

@@ -197,7 +197,8 @@ class Notifier:
                 excerpt = b""
                 for chunk in response.iter_bytes():
                     excerpt += chunk
-                    if len(excerpt) >= EXCERPT_BYTES:
+                    # the status is in; a body that trickles must not hold the row past its lease
+                    if len(excerpt) >= EXCERPT_BYTES or time.perf_counter() - started > self.config.timeout_s:
                         break
                 latency = (time.perf_counter() - started) * 1000
                 return Answer(status=response.status_code, latency_ms=latency,

@@ -16,7 +16,7 @@ from service.store.models import Measurement
 from service.store.vocab import MeasurementKind
 from tests.db_fixtures import Env
 from tests.runtime.harness import spec_dict
-from tests.specs import launch_request
+from tests.specs import launch_request, tiny
 from workers.backends.base import RunState
 from workers.backends.local import LocalBackend
 from workers.backends.local_supervisor import job_checkpoint_dir
@@ -127,3 +127,36 @@ def test_a_program_that_ignores_the_notice_is_killed_after_the_grace_period(tmp_
     assert obs.state == RunState.FAILED and obs.failure == "preempted"
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1]
+
+
+def test_a_dispatcher_killed_between_the_mark_and_the_notice_gives_notice_after_restart(
+        env: Env, admin: dict[str, str], tmp_path: Path) -> None:
+    # attempt 1 waits for a notice; attempt 2 finishes at once
+    code = ("import os, sys, time\n"
+            "if os.environ['SHARDCTL_ATTEMPT'] != '1':\n"
+            "    sys.exit(0)\n"
+            "time.sleep(300)\n")
+    spec = tiny(resources={"gpus_per_node": 1}, entrypoint={"command": ["python", "-c", code]})
+    job_id = env.client.post("/v1/jobs", json=spec, headers=admin).json()["id"]
+    backend = LocalBackend(tmp_path / "local")
+    config = DispatcherConfig(retry_backoff_s=0.1, preempt_grace_s=5)
+    first = Dispatcher(env.app.state.sessions, {"local": backend}, config)
+    deadline = time.monotonic() + 120
+    while job(env, job_id, admin)["status"] != "RUNNING":
+        assert time.monotonic() < deadline, job(env, job_id, admin)["status"]
+        first.run_once()
+        time.sleep(0.1)
+    # the state a SIGKILL at the `after-preempt-mark` failpoint leaves: marked and committed, no notice sent
+    assert first._mark_preempted(job_id, by=99, reason="reclaim") is not None
+    time.sleep(1)
+    assert job(env, job_id, admin)["status"] == "RUNNING"  # without a notice the victim runs on
+
+    restarted = Dispatcher(env.app.state.sessions, {"local": backend}, config)
+    deadline = time.monotonic() + 120
+    while job(env, job_id, admin)["status"] not in {"SUCCEEDED", "FAILED", "CANCELLED"}:
+        assert time.monotonic() < deadline, job(env, job_id, admin)["status"]
+        restarted.run_once()
+        time.sleep(0.1)
+    final = job(env, job_id, admin)
+    assert final["status"] == "SUCCEEDED", final
+    assert [a["failure"] for a in final["attempts"]] == ["preempted", None]
