@@ -10,7 +10,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,6 +157,26 @@ class LiveServer:
 def live(env: Env) -> Iterator[str]:
     with LiveServer(env.app) as url:
         yield url
+
+
+@pytest.fixture
+def admin_cli(env: Env, live: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[int, str]]:
+    """Run `shardctl ...` in-process against the live server as an admin, with a fresh config file;
+    returns (exit code, output)."""
+    from typer.testing import CliRunner
+
+    from service.cli.main import app
+
+    monkeypatch.setenv("SHARDCTL_CONFIG", str(tmp_path / "cli.json"))
+    monkeypatch.setenv("SHARDCTL_URL", live)
+    monkeypatch.setenv("SHARDCTL_TOKEN", env.token("admin"))
+    runner = CliRunner()
+
+    def run(*args: str) -> tuple[int, str]:
+        result = runner.invoke(app, list(args))
+        return result.exit_code, result.output
+
+    return run
 
 
 __all__ = ["Env", "LiveServer"]

@@ -32,6 +32,14 @@ log = logging.getLogger("shardctl.access")
 REQUEST_ID_HEADER = "X-Request-ID"
 _PLAIN_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 UNMATCHED = "unmatched"
+#: Where the request gate leaves the template of a route it refused before the router ran.
+ROUTE_SCOPE_KEY = "shardctl.route"
+
+
+def route_template(scope: Scope) -> str:
+    """The request's route as declared (`/v1/jobs/{job_id}`), never the raw path; `unmatched` for a
+    request no route takes. The label of the access log and of the latency metric."""
+    return getattr(scope.get("route"), "path", None) or scope.get(ROUTE_SCOPE_KEY) or UNMATCHED
 
 
 def request_id(headers: Headers) -> str:
@@ -41,11 +49,10 @@ def request_id(headers: Headers) -> str:
 
 
 class AccessLog:
-    """Log one line per request (see the module's docstring); `route_key` is where the request gate
-    leaves the template of a route it refused before the router ran."""
+    """Log one line per request (see the module's docstring)."""
 
-    def __init__(self, app: ASGIApp, route_key: str | None = None) -> None:
-        self.app, self.route_key = app, route_key
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -72,10 +79,7 @@ class AccessLog:
             request_id_var.reset(token)
 
     def _log(self, scope: Scope, status: int, sent: int, start: float, rid: str) -> None:
-        route = getattr(scope.get("route"), "path", None)
-        if route is None and self.route_key is not None:
-            route = scope.get(self.route_key)
-        route = route or UNMATCHED
+        route = route_template(scope)
         principal = scope.get(PRINCIPAL_SCOPE_KEY)
         latency_ms = round((time.perf_counter() - start) * 1000, 3)
         method = scope["method"]

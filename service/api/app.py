@@ -23,7 +23,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api import errors
-from service.api.access_log import AccessLog
+from service.api.access_log import ROUTE_SCOPE_KEY, AccessLog, route_template
 from service.api.analysis import AnalysisPool
 from service.api.deps import (
     BAD_TOKEN,
@@ -55,7 +55,6 @@ from service.spec import TrainingSpec
 from service.store.db import make_engine, make_sessionmaker
 from service.store.tokens import Principal, authenticate
 
-ROUTE_SCOPE_KEY = "shardctl.route"
 LaunchPreview = Callable[[TrainingSpec, Plan], dict[str, Any] | None]
 BodyKind = Literal["json", "form"] | None
 
@@ -209,8 +208,7 @@ class RequestGate:
             nonlocal timed
             if message["type"] == "http.response.start" and not timed:
                 timed = True
-                path = getattr(scope.get("route"), "path", None) or scope.get(ROUTE_SCOPE_KEY, "unmatched")
-                latency.labels(method=scope["method"], route=path,
+                latency.labels(method=scope["method"], route=route_template(scope),
                                status=str(message["status"])).observe(time.perf_counter() - start)
             await send(message)
 
@@ -365,7 +363,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     for module in (pool_routes, scheduling_routes):  # shared GPUs (issue 12)
         app.include_router(module.router)
     app.add_middleware(RequestGate, api=app)
-    app.add_middleware(AccessLog, route_key=ROUTE_SCOPE_KEY)  # outermost: it logs what the gate refuses too
+    app.add_middleware(AccessLog)  # outermost: it logs what the gate refuses too
 
     generate = app.openapi
 

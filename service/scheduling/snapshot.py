@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from service.scheduling.model import FlavorQuota, Pool, TeamQuota
 from service.scheduling.state import RunningJob, Snapshot, WaitingJob
+from service.settings import Settings
 from service.store.models import Attempt, Job, Team, as_utc, utcnow
 from service.store.pools import SourcedPool, effective_pools, kueue_kinds, matching
 from service.store.quotas import all_quotas
@@ -45,11 +46,9 @@ class SnapshotParams:
     min_runtime_s: float = 600.0
 
     @classmethod
-    def from_settings(cls, settings: object) -> SnapshotParams:
-        return cls(local_gpus=getattr(settings, "local_gpus", None),
-                   usage_half_life_h=getattr(settings, "usage_half_life_h", 168.0),
-                   usage_blend=getattr(settings, "usage_blend", 0.5),
-                   min_runtime_s=getattr(settings, "min_runtime_s", 600.0))
+    def from_settings(cls, settings: Settings) -> SnapshotParams:
+        return cls(local_gpus=settings.local_gpus, usage_half_life_h=settings.usage_half_life_h,
+                   usage_blend=settings.usage_blend, min_runtime_s=settings.min_runtime_s)
 
 
 def _ts(at: datetime | None) -> float | None:

@@ -9,14 +9,12 @@ from __future__ import annotations
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-from sqlalchemy import select
 
-from service.store.models import Measurement
 from service.store.vocab import MeasurementKind
 from tests.db_fixtures import Env
+from tests.dispatch.test_preemption import beats, job, measurements
 from tests.runtime.harness import spec_dict
 from tests.slurm.conftest import URGENT, sacct_states
 from workers.backends.slurm import SlurmBackend
@@ -27,20 +25,6 @@ RUNTIME = ["python", "-m", "workers.runtime", "--heartbeat-every", "1", "--no-pr
            "--timeout-s", "120"]
 sqlite_only = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 
-
-def measurements(env: Env, job_id: int, kind: MeasurementKind) -> list[dict[str, Any]]:
-    with env.app.state.sessions() as session:
-        rows = session.scalars(select(Measurement).where(Measurement.job_id == job_id, Measurement.kind == kind)
-                               .order_by(Measurement.id))
-        return [dict(m.data) for m in rows]
-
-
-def beats(env: Env, job_id: int) -> list[int]:
-    return [int(m["step"]) for m in measurements(env, job_id, MeasurementKind.HEARTBEAT)]
-
-
-def job(env: Env, job_id: int, admin: dict[str, str]) -> dict[str, Any]:
-    return env.client.get(f"/v1/jobs/{job_id}", headers=admin).json()  # type: ignore[no-any-return]
 
 
 @sqlite_only

@@ -32,7 +32,6 @@ from typing import Any, Protocol, runtime_checkable
 from pydantic import BaseModel, Field
 
 from service.backend_options import BackendOptions, LocalOptions
-from service.failures import RETRIED
 from service.failures import FailureClass as FailureClass  # re-exported: what backends classify with
 from service.jobenv import JobEnv
 from service.joblogs import RANK_PREFIX_TEMPLATE
@@ -41,9 +40,6 @@ from service.joblogs import LogChunk as LogChunk
 from service.joblogs import LogLine as LogLine
 from service.planner.result import Plan
 from service.scheduling.kueue_names import KueueQueue
-
-#: The retry policy by class lives with the classes (`service.failures.RETRIED`); this is its old name.
-RETRYABLE: frozenset[FailureClass] = RETRIED
 
 
 class BackendError(Exception):

@@ -10,7 +10,6 @@ comments), without an end: it runs until the client goes or the token stops work
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -27,6 +26,7 @@ from service.api.errors import ApiError
 from service.api.notify_schemas import EventPage, FeedEventOut
 from service.api.routers.jobs import EVENT_ID, EVENT_STREAM, HEARTBEAT_S, EventStreamResponse
 from service.api.schemas import ErrorResponse
+from service.api.sse import KEEP_ALIVE, sse_message
 from service.names import Label
 from service.store.event_feed import MAX_FEED_PAGE, FeedEvent, FeedFilter, list_feed
 from service.store.tokens import Principal, authenticate
@@ -57,9 +57,6 @@ def feed_out(row: FeedEvent) -> FeedEventOut:
                         kind=e.kind, message=e.message, data=e.data)
 
 
-def _sse(kind: str, data: object, event_id: int | None = None) -> str:
-    head = f"id: {event_id}\n" if event_id is not None else ""
-    return f"{head}event: {kind}\ndata: {json.dumps(data)}\n\n"
 
 
 def _poll(db: sessionmaker[Session], secret: str, filters: FeedFilter, after: int,
@@ -81,19 +78,19 @@ async def feed_stream(db: sessionmaker[Session], secret: str, filters: FeedFilte
             events = await anyio.to_thread.run_sync(_poll, db, secret, filters, after, token_grace_s)
         except Exception:  # the database went away: say so, rather than cut the stream mid-message
             log.exception("event feed stream: poll failed")
-            yield _sse("error", {"error": {"code": "unavailable", "message": "the database did not answer;"
+            yield sse_message("error", {"error": {"code": "unavailable", "message": "the database did not answer;"
                                            " reconnect with Last-Event-ID"}})
             return
         if events is None:
-            yield _sse("error", {"error": {"code": "unauthorized",
+            yield sse_message("error", {"error": {"code": "unauthorized",
                                            "message": "the token is no longer valid (revoked or expired)"}})
             return
         for event in events:
             after = event.id
-            yield _sse(event.kind, event.model_dump(mode="json"), event.id)
+            yield sse_message(event.kind, event.model_dump(mode="json"), event.id)
         if time.monotonic() - last_beat > heartbeat_s:
             last_beat = time.monotonic()
-            yield ": keep-alive\n\n"
+            yield KEEP_ALIVE
         if not events:
             await anyio.sleep(poll_s)
 

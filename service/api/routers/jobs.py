@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import json
 import logging
 import re
 import threading
@@ -22,6 +21,7 @@ from starlette.types import Receive, Scope, Send
 from service.api.deps import Caller, Db, Person, Reporter, Unstorable, bearer, check_storable
 from service.api.errors import INVALID_SPEC, ApiError
 from service.api.schemas import ErrorField, ErrorResponse, EventOut, JobOut, JobPage, MeasurementIn, MeasurementOut
+from service.api.sse import KEEP_ALIVE, sse_message
 from service.api.submission import submit
 from service.api.views import event_out, job_out, job_summary
 from service.backend_options import BackendKind
@@ -189,9 +189,6 @@ class EventStreamResponse(StreamingResponse):
             self.release()
 
 
-def _sse(kind: str, data: object, event_id: int | None = None) -> str:
-    head = f"id: {event_id}\n" if event_id is not None else ""
-    return f"{head}event: {kind}\ndata: {json.dumps(data)}\n\n"
 
 
 def _poll(db: sessionmaker[Session], secret: str, job_id: int, after: int,
@@ -219,24 +216,24 @@ async def event_stream(db: sessionmaker[Session], secret: str, job_id: int, afte
             polled = await anyio.to_thread.run_sync(_poll, db, secret, job_id, after, token_grace_s)
         except Exception:  # the database went away: say so, rather than cut the stream mid-message
             log.exception("event stream of job %s: poll failed", job_id)
-            yield _sse("error", {"error": {"code": "unavailable", "message": "the database did not answer;"
+            yield sse_message("error", {"error": {"code": "unavailable", "message": "the database did not answer;"
                                            " reconnect with Last-Event-ID"}})
             return
         if isinstance(polled, str):
             message = {"unauthorized": "the token is no longer valid (revoked or expired)",
                        "not_found": f"no job {job_id}"}[polled]
-            yield _sse("error", {"error": {"code": polled, "message": message}})
+            yield sse_message("error", {"error": {"code": polled, "message": message}})
             return
         events, done = polled
         for event in events:
             after = event.id
-            yield _sse(event.kind, event.model_dump(mode="json"), event.id)
+            yield sse_message(event.kind, event.model_dump(mode="json"), event.id)
         if done and not events:
-            yield _sse("end", {})
+            yield sse_message("end", {})
             return
         if time.monotonic() - last_beat > HEARTBEAT_S:
             last_beat = time.monotonic()
-            yield ": keep-alive\n\n"
+            yield KEEP_ALIVE
         if not events:
             await anyio.sleep(poll_s)
 

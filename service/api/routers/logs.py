@@ -37,6 +37,7 @@ from service.api.errors import ApiError
 from service.api.logs_source import LogReader
 from service.api.routers.jobs import EVENT_STREAM, EventStreamResponse, JobId
 from service.api.schemas import ErrorResponse
+from service.api.sse import KEEP_ALIVE, sse_message
 from service.joblogs import (
     MAX_CURSOR_CHARS,
     ArtifactInfo,
@@ -252,9 +253,6 @@ def _read(reader: LogReader, ref: AttemptRef, rank: int | None, cursor: str | No
     return reader.read_logs(ref, rank=rank, cursor=cursor, limit=FOLLOW_BATCH)
 
 
-def _sse(kind: str, data: object, event_id: str | None = None) -> str:
-    head = f"id: {event_id}\n" if event_id is not None else ""
-    return f"{head}event: {kind}\ndata: {json.dumps(data)}\n\n"
 
 
 def _state(db: sessionmaker[Session], secret: str, job_id: int, number: int | None,
@@ -285,17 +283,17 @@ async def follow_logs(db: sessionmaker[Session], reader: LogReader, secret: str,
         try:
             state = await anyio.to_thread.run_sync(_state, db, secret, job_id, number, token_grace_s)
         except ApiError as exc:
-            yield _sse("error", {"error": {"code": exc.code, "message": exc.message}})
+            yield sse_message("error", {"error": {"code": exc.code, "message": exc.message}})
             return
         except Exception:
             log.exception("log stream of job %s: the store did not answer", job_id)
-            yield _sse("error", {"error": {"code": "unavailable", "message": "the database did not answer;"
+            yield sse_message("error", {"error": {"code": "unavailable", "message": "the database did not answer;"
                                            " reconnect with Last-Event-ID"}})
             return
         if isinstance(state, str):
             message = {"unauthorized": "the token is no longer valid (revoked or expired)",
                        "not_found": f"no job {job_id}"}[state]
-            yield _sse("error", {"error": {"code": state, "message": message}})
+            yield sse_message("error", {"error": {"code": state, "message": message}})
             return
         ref, ended = state
         lines: list[LogLine] = []
@@ -306,24 +304,24 @@ async def follow_logs(db: sessionmaker[Session], reader: LogReader, secret: str,
                 chunk = await anyio.to_thread.run_sync(_read, reader, ref, rank, cursor)
             except OutputsError as exc:
                 error = _api_error(exc)
-                yield _sse("error", {"error": {"code": error.code, "message": error.message}})
+                yield sse_message("error", {"error": {"code": error.code, "message": error.message}})
                 return
             lines, cursor = chunk.lines, chunk.next_cursor
             for line in lines:
-                yield _sse("line", _line_out(ref.attempt, line), join_cursor(ref.attempt, line.cursor))
+                yield sse_message("line", _line_out(ref.attempt, line), join_cursor(ref.attempt, line.cursor))
             if chunk.finished or (ended and not lines and cursor == before):
                 final = join_cursor(ref.attempt, cursor or "")
-                yield _sse("end", {"next_cursor": final, "attempt": ref.attempt}, final)
+                yield sse_message("end", {"next_cursor": final, "attempt": ref.attempt}, final)
                 return
         elif ended:  # the job ended before any attempt started
-            yield _sse("end", {"next_cursor": None, "attempt": None})
+            yield sse_message("end", {"next_cursor": None, "attempt": None})
             return
         if lines:
             last_beat = time.monotonic()
             continue
         if time.monotonic() - last_beat >= heartbeat_s:
             last_beat = time.monotonic()
-            yield ": keep-alive\n\n"
+            yield KEEP_ALIVE
         await anyio.sleep(poll_s)
 
 
