@@ -311,8 +311,10 @@ class Dispatcher:
         a `job.preempted` event names who and why. Then, outside it, the backend is asked to stop it with
         `preempt_grace_s` of notice (`Backend.preempt`: SIGTERM, the kill after the grace period). When the
         backend reports the end, the job goes back to QUEUED at once, keeps its place (admission orders by
-        submission time) and the preempted attempt does not count against `max_attempts`; on Slurm the
-        backend requeues the same job itself (`_record_requeues`). A job that is not PENDING or RUNNING, or
+        submission time), gives its admission back (no `pool`: admission must admit it again) and the
+        preempted attempt does not count against `max_attempts`; the next attempt resumes from the job's
+        checkpoint (every backend's `preempt` ends the run for good; on Slurm, `scancel`, so Slurm never
+        starts it again by itself). A job that is not PENDING or RUNNING, or
         is already being preempted, is left alone. If the backend cannot be reached the mark is undone
         (the caller may choose again) and the backend's error is raised."""
         grace = self.config.preempt_grace_s
@@ -488,20 +490,28 @@ class Dispatcher:
         self._backend_pending[job.id] = (attempt.number, key)
 
     def _record_requeues(self, session: Session, job: Job, attempt: Attempt, obs: Observation) -> Attempt:
-        """A backend that requeued the same submission (Slurm preemption) reports `requeues`; each one
-        not yet recorded closes the current attempt with its reason and opens the next, which keeps
-        the backend's name and id. Returns the attempt that is current now."""
+        """A backend that requeued the same submission (Slurm's own preemption) reports `requeues`; each
+        one not yet recorded closes the current attempt with its reason and opens the next, which keeps
+        the backend's name and id. Returns the attempt that is current now.
+
+        An attempt this dispatcher marked as preempted (`preempt`) that the backend requeued anyway (a
+        Slurm preemption racing ours, or a requeue sent before `Backend.preempt` stopped requeueing) hands
+        its mark to the requeued run: that run is then given notice (`_resend_notices`) and its end returns
+        the job to the queue without its admission, instead of running on by itself while the job keeps its
+        pool and is chosen as a victim again and again."""
         if not attempt.backend_id:
             return attempt
         runs = [a for a in job.attempts if a.backend_id == attempt.backend_id]
         while obs.requeues > len(runs) - 1:
             index = len(runs) - 1
             why = obs.requeue_reasons[index] if index < len(obs.requeue_reasons) else "requeued by the backend"
-            attempt.status, attempt.exit_reason, attempt.finished_at = (AttemptStatus.PREEMPTED, f"requeued: {why}",
-                                                                         utcnow())
+            marked = attempt.exit_reason if attempt.failure == FailureClass.PREEMPTED else None
+            attempt.status, attempt.exit_reason, attempt.finished_at = (
+                AttemptStatus.PREEMPTED, f"{marked}; requeued: {why}" if marked else f"requeued: {why}", utcnow())
             attempt.failure = FailureClass.PREEMPTED
             nxt = Attempt(job_id=job.id, number=attempt.number + 1, backend_name=attempt.backend_name,
-                          backend_id=attempt.backend_id, status=AttemptStatus.PENDING, nodes=[])
+                          backend_id=attempt.backend_id, status=AttemptStatus.PENDING, nodes=[],
+                          failure=FailureClass.PREEMPTED if marked else None, exit_reason=marked)
             session.add(nxt)
             job.attempts.append(nxt)
             add_event(session, job, actor=self.actor, kind=EventKind.REQUEUED,

@@ -102,7 +102,9 @@ def test_render_is_the_submission_with_its_secrets_redacted_and_its_plan_left_ou
     assert JobEnv.from_environ(sent).plan == req.plan
     assert sent["PATH"] == "/opt/shardctl/bin:/usr/bin"
     # nothing else (no SHARDCTL_PLAN_FILE) but what makes the output readable live (rank prefixes, unbuffered)
-    assert set(sent) == {*req.environment(), *LOG_ENV, "SHARDCTL_OUT_DIR", "PATH"}
+    # and the job's checkpoint folder, shared by all its attempts
+    assert set(sent) == {*req.environment(), *LOG_ENV, "SHARDCTL_OUT_DIR", "SHARDCTL_CHECKPOINT_DIR", "PATH"}
+    assert sent["SHARDCTL_CHECKPOINT_DIR"] == "/srv/shardctl/slurm/checkpoints/job-42"
     # ... and they survive submitit's pickle (cloudpickle), which is how they travel
     launcher = pickle.loads(cloudpickle.dumps(NodeLauncher(submission.launch)))
     assert launcher.launch.environment({})[TOKEN] == SECRETS[0]

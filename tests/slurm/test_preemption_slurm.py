@@ -1,8 +1,9 @@
 """Preemption on the real Slurm cluster: a two-rank runtime job in the default (preemptible, REQUEUE)
-partition is preempted, either by a job in the higher-tier `urgent` partition on its node or through
-`Dispatcher.preempt` (`scontrol requeue`); Slurm signals it, the runtime checkpoints within KillWait,
-the job is requeued under the same id and folder, resumes from its checkpoint and ends with the spec's
-steps, the heartbeats 1..N each once."""
+partition is preempted, either by a job in the higher-tier `urgent` partition on its node (Slurm requeues
+the same job under the same id and folder) or through `Dispatcher.preempt` (`scancel`: the Slurm job ends,
+and the next attempt is a fresh sbatch); Slurm signals it, the runtime checkpoints within KillWait into
+the job's checkpoint folder, the next run resumes from it and ends with the spec's steps, the heartbeats
+1..N each once."""
 
 from __future__ import annotations
 
@@ -58,13 +59,17 @@ def test_a_preempted_slurm_job_resumes_from_its_checkpoint(env: Env, admin: dict
         time.sleep(0.3)
     final = job(env, job_id, admin)
     assert final["status"] == "SUCCEEDED", final
-    deadline = time.monotonic() + 30
-    while (states := sacct_states(slurm_id))[-1] != "COMPLETED" and time.monotonic() < deadline:
-        time.sleep(0.5)  # sacct lags the controller a little
-    assert states[0] == ("PREEMPTED" if by == "urgent-partition" else "REQUEUED") and states[-1] == "COMPLETED"
-    first, second = final["attempts"]  # the requeue is a new attempt of the same Slurm job, not counted
-    assert first["failure"] == "preempted" and first["backend_id"] == second["backend_id"] == slurm_id
+    first, second = final["attempts"]  # the preempted run is not counted (max_attempts=1)
+    assert first["failure"] == "preempted" and first["backend_id"] == slurm_id
     assert second["status"] == "SUCCEEDED"
+    deadline = time.monotonic() + 30
+    while (states := sacct_states(second["backend_id"]))[-1] != "COMPLETED" and time.monotonic() < deadline:
+        time.sleep(0.5)  # sacct lags the controller a little
+    if by == "urgent-partition":  # Slurm's own preemption requeues the same job: a new attempt of it
+        assert second["backend_id"] == slurm_id and states[0] == "PREEMPTED" and states[-1] == "COMPLETED"
+    else:  # shardctl's ends it for good; the next attempt is one fresh sbatch, which ran once
+        assert second["backend_id"] != slurm_id and states == ["COMPLETED"]
+        assert sacct_states(slurm_id) == ["CANCELLED"]
     notices = [e for e in env.client.get(f"/v1/jobs/{job_id}/events", headers=admin).json()
                if e["kind"] == "job.preempted"]  # who and why, once
     assert len(notices) == 1

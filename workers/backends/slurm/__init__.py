@@ -6,8 +6,10 @@
   rendezvous on the job's first host, in the job's environment (`LaunchRequest.environment`), and
   exits with the failing program's own exit code so `sacct` shows it.
 - Status: ONE `sacct` per `poll` for all handles, plus at most one `squeue` (slurmdbd lags).
-- Preemption: submitit's signal, then requeue (or Slurm's own `PreemptMode=REQUEUE`); the job keeps
-  its id and name, and `poll` reports the requeues (`SlurmObservation.requeues` / `requeue_reasons`).
+- Preemption by shardctl (`preempt`): `scancel` (SIGTERM, SIGKILL after KillWait); the job ends and its
+  next attempt, once admitted again, is a fresh sbatch that resumes from the job's checkpoint folder.
+  Preemption by Slurm's scheduler (`PreemptMode=REQUEUE`) or submitit's signal requeues the same job
+  (same id and name), and `poll` reports the requeues (`SlurmObservation.requeues` / `requeue_reasons`).
 
 Modules, each with its contract in its docstring:
 

@@ -8,7 +8,9 @@ controller by up to seconds, in three ways, none of which may give a verdict ear
   cancellation is taken from squeue alone);
 - sacct first records a just-finished multi-node job on its batch host alone while `NNodes` already
   says how many nodes it had: such a record also asks squeue, whose list is complete then;
-- while a job completes, squeue drops each node that has finished its epilog: the longer list wins.
+- while a job completes, squeue drops each node that has finished its epilog: the longer list wins;
+- a cancelled (or preempted: `SlurmBackend.preempt`) job reads CANCELLED in sacct at once, while its
+  processes still run out KillWait: squeue's COMPLETING wins, so it reads RUNNING until they are gone.
 
 Everything here is pure: the CLI arguments to run, and functions of their output.
 """
@@ -19,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from workers.backends.slurm.nodelist import fuller, nodes_complete
-from workers.backends.slurm.states import LIVE, state_word
+from workers.backends.slurm.states import CANCELLED, LIVE, state_word
 
 #: One job's record, keyed by these sacct field names (squeue's records are given the same keys).
 Record = Mapping[str, str]
@@ -132,9 +134,10 @@ REQUEUABLE = frozenset({"PREEMPTED", "REQUEUED"})
 
 
 def lags(accounted: Sequence[Record] | None) -> bool:
-    """Whether squeue may know better: sacct has no record yet, shows the job not finished, or lists
-    fewer nodes than the job had."""
-    return (not accounted or state_word(accounted[-1]["State"]) in LIVE | REQUEUABLE
+    """Whether squeue may know better: sacct has no record yet, shows the job not finished, shows it
+    cancelled (sacct writes CANCELLED at the scancel, while squeue says COMPLETING until its processes,
+    which got SIGTERM and may be writing a checkpoint, are gone), or lists fewer nodes than the job had."""
+    return (not accounted or state_word(accounted[-1]["State"]) in LIVE | REQUEUABLE | CANCELLED
             or not nodes_complete(accounted[-1]))
 
 

@@ -6,7 +6,7 @@
 - `poll`: ONE `sacct` for all handles, plus at most one `squeue` (`accounting` merges them, `states`
   maps them); a failed job gets its log tail (`logs`), a pending one Slurm's reason and start
   estimate from that same squeue (`pending_reason`, `expected_start`).
-- `cancel`: `scancel`, idempotent.
+- `cancel`: `scancel`, idempotent; `preempt`: the same `scancel` (SIGTERM, SIGKILL after KillWait).
 """
 
 from __future__ import annotations
@@ -24,7 +24,12 @@ from workers.backends.slurm import accounting, outputs
 from workers.backends.slurm.client import SlurmClient
 from workers.backends.slurm.logs import log_tail
 from workers.backends.slurm.states import SlurmObservation, observe, with_output_evidence
-from workers.backends.slurm.submission import SlurmSubmission, SubmissionDefaults, build_submission
+from workers.backends.slurm.submission import (
+    SlurmSubmission,
+    SubmissionDefaults,
+    build_submission,
+    job_checkpoint_dir,
+)
 
 
 class SlurmBackend:
@@ -81,6 +86,7 @@ class SlurmBackend:
         caller should `find(req.name)` first (adopt-before-submit)."""
         submission = self.submission(req)
         Path(submission.folder).mkdir(parents=True, exist_ok=True, mode=0o700)
+        job_checkpoint_dir(self.folder, req.job.job_id).mkdir(parents=True, exist_ok=True, mode=0o700)
         return Handle(name=req.name, backend_id=self.cli.sbatch(submission))
 
     # -- following submissions --------------------------------------------------------------------
@@ -136,15 +142,17 @@ class SlurmBackend:
         self.cli.scancel([handle.backend_id] if handle.backend_id else ["-n", handle.name])
 
     def preempt(self, handle: Handle, grace_s: float) -> None:
-        """`scontrol requeue`: Slurm sends SIGTERM to every process of the job (the runtime checkpoints and
-        exits), SIGKILLs what is left after the cluster's `KillWait` (`grace_s` cannot lengthen it; set
-        KillWait, or GraceTime on a preemptible partition, to what a checkpoint needs), and queues the job
-        again under the same id, in the same folder: it resumes from `out/checkpoints`, and `poll`
-        reports the requeue. Without an id (not yet known), scancel by name: the job never started."""
-        if handle.backend_id is None:
-            self.cancel(handle)
-            return
-        self.cli.requeue(handle.backend_id)
+        """`scancel`: Slurm sends SIGTERM to every process of the job (the runtime checkpoints into the job's
+        checkpoint folder, `job_checkpoint_dir`, and exits) and SIGKILLs what is left after the cluster's
+        `KillWait` (`grace_s` cannot lengthen it; set KillWait to what a checkpoint needs). The Slurm job
+        ends CANCELLED and never runs again on its own: the dispatcher reads the end of an attempt it
+        preempted as `preempted`, the job gives its admission back, and when admission admits it again
+        the next attempt is a fresh sbatch that resumes from the same checkpoint folder (one sbatch per
+        attempt). Not `scontrol requeue`: Slurm would start the same job again by itself, outside
+        admission, while the job still held its pool. Idempotent (a job already ended or unknown is fine);
+        without an id (not yet known), by name. Preemption by Slurm's own scheduler (`PreemptMode=REQUEUE`)
+        still requeues the same job, which `poll` reports as `requeues`."""
+        self.cancel(handle)
 
     # -- outputs (`base.LogReading`; `outputs` reads the attempt folder) --------------------------------
     def read_logs(self, handle: Handle, *, rank: int | None, cursor: str | None, limit: int) -> LogChunk:

@@ -79,13 +79,6 @@ class SlurmClient:
         if proc.returncode != 0 and not _NOTHING_TO_CANCEL.search(proc.stderr):
             raise BackendUnavailable(f"scancel: {proc.stderr.strip()}")
 
-    def requeue(self, job_id: str) -> None:
-        """`scontrol requeue <job_id>`: Slurm signals the job (SIGTERM, SIGKILL after KillWait) and queues
-        it again under the same id. A job that is over or unknown is fine."""
-        proc = self.run(["scontrol", "requeue", job_id], ok_codes=(0, 1))
-        if proc.returncode != 0 and not _NOTHING_TO_CANCEL.search(proc.stderr):
-            raise BackendUnavailable(f"scontrol requeue: {proc.stderr.strip()}")
-
     def sbatch(self, submission: SlurmSubmission) -> str:
         """Submit `submission` through submitit's public executor API: its `parameters`, a pickled
         `NodeLauncher` of its `launch` (secrets included). Returns the Slurm job id. The folder must exist."""

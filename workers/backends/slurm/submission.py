@@ -10,7 +10,9 @@ Shape: `--nodes=req.nodes --ntasks-per-node=1` (one task per node, which is one 
 > 0; partition (else the backend's default), account, QOS and `--time` (else the backend's default)
 from `SlurmOptions`; extra sbatch flags replace the backend's value or are added (submitit's
 `additional_parameters` force any parameter); the job runs in `--chdir=<folder>/<name>`, which is
-how `find` tells this backend's jobs from others of the same name.
+how `find` tells this backend's jobs from others of the same name. Checkpoints live per job, in
+`<folder>/../checkpoints/job-<id>` (`job_checkpoint_dir`, given as `$SHARDCTL_CHECKPOINT_DIR`), so every
+attempt of a job, requeued or submitted again after a preemption, resumes from the same place.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from submitit.slurm.slurm import _make_sbatch_string
 
 from service.backend_options import SlurmOptions, sbatch_flag, time_limit_minutes
+from service.jobenv import CHECKPOINT_DIR
 from service.redaction import is_secret_env
 from workers.backends.base import LOG_ENV, LaunchRequest, SubmissionRefused, torchrun_command
 from workers.backends.slurm.launcher import FIRST_HOST, NodeLaunch
@@ -116,13 +119,21 @@ def sbatch_script(python: str, folder: Path, params: dict[str, Any]) -> str:
     return _make_sbatch_string(command=submit_command(python, folder), folder=folder, **params)
 
 
+def job_checkpoint_dir(folder: Path, job_id: int) -> Path:
+    """Where every attempt of job `job_id` keeps its checkpoints (`$SHARDCTL_CHECKPOINT_DIR`): one folder
+    per job beside the attempt folders of the backend's `folder`, so the attempt after a preemption (a
+    fresh sbatch in its own folder) resumes where the preempted one stopped, as after a Slurm requeue."""
+    return folder / "checkpoints" / f"job-{job_id}"
+
+
 def build_submission(req: LaunchRequest, folder: Path, defaults: SubmissionDefaults) -> SlurmSubmission:
     """The whole submission of `req` into its attempt folder `folder`. Raises `SubmissionRefused` for
     options that are not Slurm's; `ValueError` never (the options were validated at submit)."""
     opts = slurm_options(req)
     params = parameters(req, opts, folder, defaults)
     port = rdzv_port(folder)
-    environ = {**LOG_ENV, **req.environment(out_dir=str(folder / "out"))}
+    environ = {**LOG_ENV, **req.environment(out_dir=str(folder / "out")),
+               CHECKPOINT_DIR: str(job_checkpoint_dir(folder.parent, req.job.job_id))}
     secret = {k for k in environ if is_secret_env(k)}  # the job token included: its name says so
     launch = NodeLaunch(command=torchrun_command(req, rdzv_endpoint=f"{FIRST_HOST}:{port}",
                                                  log_dir=str(folder / "ranks")), rdzv_port=port,
