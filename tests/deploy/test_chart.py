@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 from typing import Any
 
 import helm_python as helm
@@ -181,7 +182,7 @@ def test_sqlite_default_runs_one_pod_with_the_dispatcher_inside() -> None:
     objs = render()
     api = one(objs, "Deployment")
     container = pod_spec(api)["containers"][0]
-    assert api["spec"]["replicas"] == 1 and "--with-dispatcher" in container["command"]
+    assert api["spec"]["replicas"] == 1 and container["command"][-3:] == ["--workers", "1", "--with-dispatcher"]
     assert "SHARDCTL_DATABASE_URL" not in env_of(container)  # SQLite under SHARDCTL_DATA_DIR (an emptyDir)
     assert pod_spec(api)["automountServiceAccountToken"] is True
     assert find(objs, "Job") == []  # serve migrates its own file
@@ -214,7 +215,7 @@ def test_secrets_never_land_in_configmaps_or_pod_specs() -> None:
     assert "not-a-real-password" not in text
     admin = one(objs, "Secret", "shardctl-admin")
     token = base64.b64decode(admin["data"]["token"]).decode()
-    assert len(token) >= 32 and token not in text
+    assert re.fullmatch(r"shc_[A-Za-z0-9]{16}_[A-Za-z0-9]{48}", token) and token not in text
     assert admin["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     api = pod_spec(one(objs, "Deployment", "shardctl"))["containers"][0]
     assert env_of(api)["SHARDCTL_BOOTSTRAP_ADMIN_TOKEN"] == {"secretKeyRef": {"name": "shardctl-admin",
@@ -314,14 +315,16 @@ def test_oauth2_proxy_sidecar_and_forwarded_trust_only_then() -> None:
     assert "--upstream=http://127.0.0.1:8686/" in proxy["args"]
     assert all(v["secretKeyRef"]["name"] == "shardctl-oauth2" for v in env_of(proxy).values())
     env = env_of(api["containers"][0])
-    trust = {k for k in env if k.startswith("SHARDCTL_TRUST_FORWARDED")}
-    assert trust and env["SHARDCTL_TRUST_FORWARDED_FROM"] == '["127.0.0.1/32"]'
+    assert env["SHARDCTL_FORWARDED_AUTH"] == "true"
+    assert env["SHARDCTL_FORWARDED_TRUSTED_PROXIES"] == '["127.0.0.1/32"]'
+    assert json.loads(env["SHARDCTL_FORWARDED_TEAM_GROUPS"]) == {"ml-vision": "vision"}
+    assert json.loads(env["SHARDCTL_FORWARDED_ADMIN_GROUPS"]) == ["platform-admins"]
     ingress = one(objs, "Ingress")
     assert ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]["port"] == {"name": "proxy"}
     # Without the proxy, nothing trusts forwarded headers.
     for name in ("defaults", "postgres", "exposed", "renamed"):
         for _, container in _containers(_render(name)):
-            assert not [k for k in env_of(container) if k.startswith("SHARDCTL_TRUST_FORWARDED")], name
+            assert not [k for k in env_of(container) if k.startswith("SHARDCTL_FORWARDED")], name
 
 
 def test_network_policy_admits_only_the_served_ports() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,7 +44,8 @@ def _admin_token(cluster: FakeApiServer, *, upgrade: bool) -> str:
 
 def test_admin_token_is_generated_once_and_kept_across_upgrades(cluster: FakeApiServer) -> None:
     first, second = _admin_token(cluster, upgrade=False), _admin_token(cluster, upgrade=False)
-    assert len(first) == 48 and first.isalnum() and first != second  # no Secret yet: a fresh random token
+    # No Secret yet: a fresh random token, in the form SHARDCTL_BOOTSTRAP_ADMIN_TOKEN takes.
+    assert re.fullmatch(r"shc_[A-Za-z0-9]{16}_[A-Za-z0-9]{48}", first) and first != second
     # The install created it; an upgrade finds it and keeps its token.
     cluster._store("secrets", NS, {"apiVersion": "v1", "kind": "Secret",
                                    "metadata": {"name": "shardctl-admin", "namespace": NS},
