@@ -22,6 +22,9 @@ CHART = ROOT / "helm" / "shardctl"
 SCENARIOS = CHART / "ci"
 GOLDEN = Path(__file__).parent / "golden"
 K8S_VERSION = "1.33"
+#: The Kubernetes versions every rendered object is validated against: the chart's kubeVersion floor, the
+#: fake API server's version, the newest kubernetes-validate ships.
+K8S_VERSIONS = ("1.27", "1.33", "1.37")
 SERVICE_MONITOR_CRD = Path(__file__).parent / "schemas" / "monitoring.coreos.com_servicemonitors.yaml"
 #: The chart's generated admin token, masked in goldens (it is random on every render without a cluster).
 MASKED = "<generated>"
@@ -84,14 +87,14 @@ def _service_monitor_validator() -> jsonschema.Draft7Validator:
     return jsonschema.Draft7Validator(schema)
 
 
-def validation_errors(obj: dict[str, Any]) -> list[str]:
-    """Why `obj` is not a valid object of its kind (empty when it is)."""
+def validation_errors(obj: dict[str, Any], version: str = K8S_VERSION) -> list[str]:
+    """Why `obj` is not a valid object of its kind in Kubernetes `version` (empty when it is)."""
     where = f"{obj.get('kind')} {obj.get('metadata', {}).get('name')}"
     if obj.get("apiVersion") == "monitoring.coreos.com/v1" and obj.get("kind") == "ServiceMonitor":
         return [f"{where}: {'.'.join(map(str, e.absolute_path))}: {e.message}"
                 for e in _service_monitor_validator().iter_errors(obj)]
     try:
-        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        kubernetes_validate.validate(obj, version, strict=True)
     except kubernetes_validate.ValidationError as exc:
         return [f"{where}: {'.'.join(map(str, exc.path))}: {exc.message}"]
     except kubernetes_validate.SchemaNotFoundError as exc:

@@ -19,6 +19,7 @@ from service.scheduling.config_file import parse_pools_text
 from tests.deploy.chart import (
     CHART,
     GOLDEN,
+    K8S_VERSIONS,
     MASKED,
     env_of,
     find,
@@ -59,11 +60,12 @@ def test_lint_strict_passes(name: str) -> None:
     assert lint(scenario(name), namespace=_release(name)[1]) == []
 
 
+@pytest.mark.parametrize("version", K8S_VERSIONS)
 @pytest.mark.parametrize("name", scenario_names())
-def test_every_rendered_object_validates(name: str) -> None:
+def test_every_rendered_object_validates(name: str, version: str) -> None:
     objs = _render(name)
     assert objs
-    assert [e for o in objs for e in validation_errors(o)] == []
+    assert [e for o in objs for e in validation_errors(o, version)] == []
     release, ns = _release(name)
     for o in objs:
         if o["kind"] not in {"ClusterRole"} and o["metadata"].get("namespace") not in (ns, "team-a", "team-b",
