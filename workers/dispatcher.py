@@ -66,6 +66,7 @@ from workers.backends.base import (
     attempt_name,
     runtime_command,
 )
+from workers.queue_view import QueueViewWriter
 
 log = logging.getLogger("shardctl.dispatcher")
 LaunchPreview = Callable[[TrainingSpec, Plan], dict[str, Any] | None]
@@ -155,6 +156,8 @@ class Dispatcher:
         self._backend_pending: dict[int, tuple[int, ChangeKey]] = {}
         #: attempts this process gave preemption notice to (`preempt`, `_resend_notices`)
         self._notice_sent: set[int] = set()
+        #: "why pending" as a lookup: the queue view, refreshed after each cycle (`workers.queue_view`)
+        self.queue_view = QueueViewWriter(sessions, self.config.scheduling)
 
     @property
     def actor(self) -> str:
@@ -172,9 +175,16 @@ class Dispatcher:
                 self.submit_one(job_id, report)
             self.reconcile(report)
             ok = True
+            self._refresh_queue_view()
             return report
         finally:  # shardctl_dispatcher_cycle_seconds (docs/observability.md)
             counters.observe_cycle(time.perf_counter() - started, ok=ok)
+
+    def _refresh_queue_view(self) -> None:
+        try:
+            self.queue_view.maybe_refresh()
+        except Exception:  # the view is a cache: explain answers live while it is missing or old
+            log.exception("queue view refresh failed; explain answers live until one succeeds")
 
     def run_forever(self, stop: threading.Event, interval_s: float = 1.0) -> None:
         while not stop.is_set():

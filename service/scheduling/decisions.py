@@ -77,5 +77,8 @@ class Explanation(BaseModel):
                                               description='Others counted, never named: {"jobs": n, "gpus": n}.')
     eta: Eta | None = None
     pool: str | None = Field(None, description="The pool it was admitted to, once admitted.")
+    as_of: float | None = Field(None, description="For a waiting job answered from the dispatcher's queue view: when"
+                                " that view was computed (seconds since the epoch); None when computed for this"
+                                " request. The ETA band is counted from now either way.")
     note: str | None = Field(None, description="For a job that does not wait for admission: what it does instead"
                              " (running, finished, left to the backend's own scheduler).")

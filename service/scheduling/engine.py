@@ -43,12 +43,11 @@ from service.scheduling.decisions import (
     Reason,
     ReasonCode,
 )
+from service.scheduling.forecast import ETA_TOLERANCE, Start, forecast
 from service.scheduling.model import Pool, PreemptionPolicy
 from service.scheduling.state import RunningJob, Snapshot, WaitingJob
 
 INF = math.inf
-#: the ETA band: known durations run this fraction shorter (earliest) or longer (latest).
-ETA_TOLERANCE = 0.2
 _A100_PEAK = CATALOG["A100-SXM-80GB"].peak_tflops["bf16"]
 
 
@@ -925,7 +924,7 @@ def _place(c: _Cycle, j: WaitingJob, now: float, reserve_after: float,
 
 
 def _reason(c: _Cycle, j: WaitingJob, b: _Blocked, cache: dict[tuple[object, ...], Reason]) -> Reason:
-    key = (b.code, j.team, j.gpu, j.gpus, b.available, b.limit, b.detail)
+    key = (b.code, j.team, j.gpu, j.gpus, b.available, b.limit, b.detail, j.backend, j.pool)  # all the message names
     got = cache.get(key)
     if got is not None:
         return got
@@ -995,7 +994,8 @@ def explain(s: Snapshot, job_id: int, viewer_team: str | None) -> Explanation:
     """Why job `job_id` waits: reasons with numbers, its position in its team and pool (1-based), the
     jobs ahead of it that compete for the same pools (the viewer's own team's listed, other teams'
     only counted and summed; `viewer_team=None` is an admin and sees every one), and the ETA band.
-    Raises `UnknownJob` when the job is neither waiting nor running."""
+    Raises `UnknownJob` when the job is neither waiting nor running. `queue_view` gives every waiting
+    job's explanation from one cycle, equal to this one's."""
     for r in s.running:
         if r.id == job_id:
             return Explanation(status="admitted", admitted=True,
@@ -1021,24 +1021,31 @@ def explain(s: Snapshot, job_id: int, viewer_team: str | None) -> Explanation:
     reasons: list[Reason] = []
     if blocked:
         cache: dict[tuple[object, ...], Reason] = {}
-        reasons = [_reason(c, target, b, cache) for b in blocked]
         waiting_ahead = [a for a in competing if a.id in out.blocked]
-        if waiting_ahead and ReasonCode.WAITING_FOR_PRIORITY not in {r.code for r in reasons} and any(
-                r.code is ReasonCode.WAITING_FOR_CAPACITY for r in reasons):
-            gpus = sum(a.gpus for a in waiting_ahead)
-            reasons.append(Reason(code=ReasonCode.WAITING_FOR_PRIORITY, flavor=target.gpu, requested=target.gpus,
-                                  message=f"{len(waiting_ahead)} waiting jobs ({gpus} {target.gpu} GPUs) for the"
-                                  " same pools are ahead of it in admission order"))
-    admitted_now = blocked is None
+        reasons = with_priority_reason(target, [_reason(c, target, b, cache) for b in blocked],
+                                       len(waiting_ahead), sum(a.gpus for a in waiting_ahead))
     return Explanation(
-        status="queued", admitted=admitted_now, reasons=reasons,
+        status="queued", admitted=blocked is None, reasons=reasons,
         position={"team": team_pos, "pool": len(competing) + 1},
         ahead=listed, ahead_other_teams={"jobs": others_jobs, "gpus": others_gpus} if others_jobs else {},
         eta=_eta_from(s, out, target))
 
 
+def with_priority_reason(target: WaitingJob, reasons: list[Reason], waiting_jobs: int,
+                         waiting_gpus: int) -> list[Reason]:
+    """`reasons`, plus `waiting_for_priority` when the job waits for capacity while `waiting_jobs`
+    other waiting jobs (`waiting_gpus` GPUs) for the same pools are ahead of it and no reason says so yet."""
+    codes = {r.code for r in reasons}
+    if waiting_jobs and ReasonCode.WAITING_FOR_PRIORITY not in codes and ReasonCode.WAITING_FOR_CAPACITY in codes:
+        reasons = [*reasons, Reason(
+            code=ReasonCode.WAITING_FOR_PRIORITY, flavor=target.gpu, requested=target.gpus,
+            message=f"{waiting_jobs} waiting jobs ({waiting_gpus} {target.gpu} GPUs) for the same pools are ahead"
+            " of it in admission order")]
+    return reasons
+
+
 def eta(s: Snapshot, job_id: int) -> Eta:
-    """Earliest/latest seconds from `s.now` until `job_id` starts: see `_eta_from`."""
+    """Earliest/latest seconds from `s.now` until `job_id` starts: see `service.scheduling.forecast`."""
     for r in s.running:
         if r.id == job_id:
             return Eta(earliest_s=0.0, latest_s=0.0, method="already admitted")
@@ -1048,108 +1055,41 @@ def eta(s: Snapshot, job_id: int) -> Eta:
     return _eta_from(s, _run(s, want_reasons=False, stop_at=job_id), target)
 
 
-def _eta_from(s: Snapshot, out: _Outcome, target: WaitingJob) -> Eta:
-    """Simulate the target's pools forward: running jobs end after `remaining_s`, the jobs ahead of
-    it (in this cycle's admission order) that compete for its pools, or are its own team's, start in
-    that order as soon as a pool and their team's quota have room, each running `predicted_s`. Run
-    twice: earliest with known durations shortened by ETA_TOLERANCE and unknown ones taken as 0,
-    latest lengthened by it and unknown ones taken as `s.eta_unknown_s`. Preemption and later
-    arrivals are not simulated."""
-    c = out.cycle
-    blocked = out.blocked.get(target.id)
+#: reasons that mean a job cannot start, as things stand (it takes no part in the forecast)
+NEVER = frozenset({ReasonCode.NO_MATCHING_POOL, ReasonCode.EXCEEDS_TEAM_LIMIT})
+ADMITTED_NOW = "admitted in this cycle"
+
+
+def forecast_kind(out: _Outcome, kind: str, stop_at: int | None = None) -> dict[int, Start]:
+    """`forecast.forecast` of the waiting jobs of `kind` in the walked order of `out`."""
+    admitted_pools = {a.job_id: a.pool for a in out.decision.admitted}
+    blocked = out.blocked
+    jobs = [a for a in out.order if a.gpu == kind and (
+        a.id in admitted_pools or (a.id in blocked and not any(b.code in NEVER for b in blocked[a.id])))]
+    return forecast(out.cycle, kind, jobs, admitted_pools, stop_at)
+
+
+def eta_of(s: Snapshot, kind: str, blocked: list[_Blocked] | None, start: Start | None) -> Eta:
+    """The band of a job (`blocked`: why it waits, None when admitted this cycle) from its forecast."""
     if blocked is None:
-        return Eta(earliest_s=0.0, latest_s=0.0, method="admitted in this cycle")
-    codes = {b.code for b in blocked}
-    if codes & {ReasonCode.NO_MATCHING_POOL, ReasonCode.EXCEEDS_TEAM_LIMIT}:
+        return Eta(earliest_s=0.0, latest_s=0.0, method=ADMITTED_NOW)
+    if start is None:
         return Eta(earliest_s=None, latest_s=None, method="never, as things stand: it can never fit (see reasons)")
-    mine = set(c.pools_for(target))
-    overlap: dict[tuple[str, str, str | None], bool] = {}
-    never = {ReasonCode.NO_MATCHING_POOL, ReasonCode.EXCEEDS_TEAM_LIMIT, ReasonCode.BACKOFF}
-
-    def relevant(a: WaitingJob) -> bool:  # it competes for the target's pools, or is its team's
-        return a.team == target.team or _competes(c, a, target, overlap)
-
-    ahead = [a for a in out.order[:-1] if a.gpu == target.gpu and a.id in out.blocked and relevant(a) and not (
-        {b.code for b in out.blocked[a.id]} & never)]
-    admitted_ids = {a.job_id: a.pool for a in out.decision.admitted}
-    starting = [a for a in out.order if a.id in admitted_ids and a.gpu == target.gpu and relevant(a)]
-    running = [r for r in s.running if r.gpu == target.gpu and (r.pool in mine or r.team == target.team)]
-    unknown = sum(1 for r in running if r.remaining_s is None) + sum(
-        1 for a in (*ahead, *starting) if a.predicted_s is None)
-    results = []
-    for factor, unknown_s in ((1 - ETA_TOLERANCE, 0.0), (1 + ETA_TOLERANCE, s.eta_unknown_s)):
-        results.append(_simulate_start(c, s, target, ahead, starting, admitted_ids, running, factor, unknown_s))
-    earliest, latest = results
-    if earliest == INF:
+    if start.earliest == INF:
         return Eta(earliest_s=None, latest_s=None, method="no end in sight: nothing that runs frees enough room")
-    if target.not_before is not None:
-        earliest = max(earliest, target.not_before - s.now)
-        latest = max(latest, target.not_before - s.now)
-    method = (f"simulated {len(running)} running and {len(ahead) + len(starting)} queued {target.gpu} jobs ahead"
-              f" in admission order: durations x{1 - ETA_TOLERANCE:g}..x{1 + ETA_TOLERANCE:g}")
-    if unknown:
-        method += f"; {unknown} with unknown duration taken as 0..{s.eta_unknown_s:g} s"
-    return Eta(earliest_s=round(earliest, 1), latest_s=None if latest == INF else round(latest, 1), method=method)
+    method = (f"simulated {start.running} running and {start.ahead} queued {kind} jobs ahead in admission order:"
+              f" durations x{1 - ETA_TOLERANCE:g}..x{1 + ETA_TOLERANCE:g}")
+    if start.unknown:
+        method += f"; {start.unknown} with unknown duration taken as 0..{s.eta_unknown_s:g} s"
+    return Eta(earliest_s=round(start.earliest, 1), latest_s=None if start.latest == INF else round(start.latest, 1),
+               method=method)
 
 
-def _simulate_start(c: _Cycle, s: Snapshot, target: WaitingJob, ahead: list[WaitingJob],
-                    starting: list[WaitingJob], admitted_ids: dict[int, str], running: list[RunningJob],
-                    factor: float, unknown_s: float) -> float:
-    free = {n: p.gpus for n, p in c.pools.items() if p.gpu == target.gpu}
-    ends: dict[str, list[tuple[float, int]]] = {n: [] for n in free}
-    team_use: dict[str, int] = {}
-    team_ends: dict[str, list[tuple[float, int]]] = {}
-
-    def occupy(pool: str | None, team: str, gpus: int, end: float) -> None:
-        if pool in free:
-            free[pool] -= gpus
-            heapq.heappush(ends[pool], (end, gpus))
-        team_use[team] = team_use.get(team, 0) + gpus
-        heapq.heappush(team_ends.setdefault(team, []), (end, gpus))
-
-    for r in running:
-        rem = r.remaining_s * factor if r.remaining_s is not None else unknown_s
-        occupy(r.pool, r.team, r.gpus, rem)
-    for a in starting:
-        dur = a.predicted_s * factor if a.predicted_s is not None else unknown_s
-        occupy(admitted_ids[a.id], a.team, a.gpus, dur)
-    t = 0.0
-    tiebreak = {n: [-ord(x) for x in n] for n in free}
-    for j in (*ahead, target):
-        fit = c.big_enough.get((j.backend, j.gpu, j.pool, j.gpus))
-        names = fit[0] if fit is not None else [n for n in c.pools_for(j) if c.pools[n].gpus >= j.gpus]
-        if not names:
-            continue
-        cap = c.ever_limit(j.team, j.gpu)
-        if j.gpus > cap:
-            continue
-        while True:
-            for n in names:
-                h = ends[n]
-                while h and h[0][0] <= t:
-                    free[n] += heapq.heappop(h)[1]
-            th = team_ends.get(j.team, [])
-            while th and th[0][0] <= t:
-                team_use[j.team] -= heapq.heappop(th)[1]
-            pool = names[0] if len(names) == 1 else max(names, key=lambda n: (free[n], tiebreak[n]))
-            team_ok = team_use.get(j.team, 0) + j.gpus <= cap
-            if free[pool] >= j.gpus and team_ok:
-                break
-            nxt = INF
-            if free[pool] < j.gpus:
-                nxt = min((ends[n][0][0] for n in names if ends[n]), default=INF)
-            if not team_ok and th:
-                nxt = min(nxt, th[0][0]) if free[pool] < j.gpus else th[0][0]
-            if nxt == INF:
-                break
-            t = max(t, nxt)
-        if j is target:
-            return t if free[pool] >= j.gpus and team_use.get(j.team, 0) + j.gpus <= cap else INF
-        if free[pool] < j.gpus or team_use.get(j.team, 0) + j.gpus > cap:
-            continue
-        dur = j.predicted_s * factor if j.predicted_s is not None else unknown_s
-        occupy(pool, j.team, j.gpus, t + dur)
-    return t
+def _eta_from(s: Snapshot, out: _Outcome, target: WaitingJob) -> Eta:
+    blocked = out.blocked.get(target.id)
+    if blocked is None or any(b.code in NEVER for b in blocked):
+        return eta_of(s, target.gpu, blocked, None)
+    return eta_of(s, target.gpu, blocked, forecast_kind(out, target.gpu, stop_at=target.id).get(target.id))
 
 
 __all__ = ["ETA_TOLERANCE", "UnknownJob", "admit", "eta", "explain", "kind_cost"]

@@ -276,3 +276,7 @@ class TeamQuotaRow(Base):
     team_id: Mapped[int] = mapped_column(ForeignKey("teams.id"), primary_key=True)
     quota: Mapped[TeamQuota] = mapped_column(ModelJson(TeamQuota))
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+
+
+# The dispatcher's queue view (explain as a lookup) lives in its own module, loaded with the models.
+from service.store import queue_models as queue_models  # noqa: E402

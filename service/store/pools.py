@@ -27,6 +27,7 @@ from service.scheduling.detect import local_pools
 from service.scheduling.kueue_names import KueueQueue, kueue_queue
 from service.scheduling.model import Pool
 from service.store.models import PoolRow, utcnow
+from service.store.queue_view import invalidate
 from service.store.quotas import all_quotas, put_quotas_by_name
 from service.store.tokens import NotFound
 
@@ -68,6 +69,7 @@ def put_pool(session: Session, pool: Pool, *, source: str = API) -> bool:
     """Create or replace the pool `pool.name`; True when it is new. Declaring a pool of the local
     backend retires the detected ones (declared pools replace what detection guessed)."""
     row = session.get(PoolRow, pool.name, with_for_update=True)
+    invalidate(session)
     if pool.backend == BackendKind.LOCAL and source != DETECTED:
         session.execute(delete(PoolRow).where(PoolRow.source == DETECTED, PoolRow.name != pool.name))
     if row is None:
@@ -84,6 +86,7 @@ def delete_pool(session: Session, name: str) -> None:
     row = session.get(PoolRow, name, with_for_update=True)
     if row is None:
         raise NotFound(f"no pool {name!r} is declared (detected pools go away when a local pool is declared)")
+    invalidate(session)
     session.delete(row)
 
 

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from service.scheduling.model import TeamQuota
 from service.store.models import Team, TeamQuotaRow, utcnow
+from service.store.queue_view import invalidate
 from service.store.tokens import ensure_team
 
 
@@ -20,8 +21,10 @@ def get_quota(session: Session, team: Team) -> TeamQuota | None:
 
 
 def put_quota(session: Session, team: Team, quota: TeamQuota) -> bool:
-    """Create or replace the team's quota; True when it is new."""
+    """Create or replace the team's quota; True when it is new. The queue view is dropped (its answers
+    may be wrong now) until the next dispatcher cycle."""
     row = session.get(TeamQuotaRow, team.id, with_for_update=True)
+    invalidate(session)
     if row is None:
         session.add(TeamQuotaRow(team_id=team.id, quota=quota, updated_at=utcnow()))
         session.flush()

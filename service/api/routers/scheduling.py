@@ -4,7 +4,8 @@
 - `GET /v1/teams/{team}/usage?since=`: GPU-seconds per kind since then, GPUs admitted and borrowed
   now, waiting demand
 - `GET /v1/jobs/{id}/explain`: the engine's explanation for a waiting job (same visibility as
-  `GET /v1/jobs/{id}`); for a job that does not wait for admission, what it does instead, and for
+  `GET /v1/jobs/{id}`), from the dispatcher's queue view while it is fresh (`as_of` says when it was
+  computed; `service.store.queue_view`), else computed for the request; for a job that does not wait for admission, what it does instead, and for
   one its backend holds (PENDING or SUBMITTING), the backend's own reason and start estimate
 
 A team another member's token cannot see is a 404 with the words of a missing team.
@@ -32,6 +33,7 @@ from service.store.backend_pending import last_backend_pending
 from service.store.jobs import visible_job
 from service.store.models import Job, Team, as_utc, utcnow
 from service.store.pools import effective_pools, kueue_kinds, managed
+from service.store.queue_view import read_explanation
 from service.store.quotas import get_quota, put_quota
 from service.store.tokens import NotFound, Principal, ensure_team, team_by_name
 from service.store.usage import gpu_seconds
@@ -214,9 +216,12 @@ def explain_job(job_id: JobId, principal: Caller, db: Db, request: Request) -> R
             done = _backend_pending(session, job, done, pools_managed)
         else:
             viewer = None if principal.role == Role.ADMIN else job.team.name
-            try:
-                done = engine.explain(build_snapshot(session, params), job_id, viewer)
-            except engine.UnknownJob as exc:
-                raise NotFound(f"no job {job_id}") from exc
+            done = read_explanation(session, job_id, viewer, now=utcnow(),
+                                    max_age_s=settings.queue_view_max_age_s) if job.status == S.QUEUED else None
+            if done is None:  # no fresh view, or the job is not in it (submitted or requeued since): live
+                try:
+                    done = engine.explain(build_snapshot(session, params), job_id, viewer)
+                except engine.UnknownJob as exc:
+                    raise NotFound(f"no job {job_id}") from exc
             done = done.model_copy(update={"status": job.status.value})
     return Response(done.model_dump_json(), media_type="application/json")

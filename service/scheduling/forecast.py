@@ -1,0 +1,144 @@
+"""The ETA band: the waiting queue of one GPU kind simulated forward, every job at once.
+
+Contract (`forecast(...)`): the running jobs of the kind hold their pool and their team's GPUs
+for `remaining_s`; the jobs admitted this cycle start at once in the pool they were given and run
+`predicted_s`; then every other waiting job of the kind that can ever start (no backoff, a pool
+big enough, within its team's limit) starts, in admission order, at the first moment both a pool
+it may use has room and its team holds few enough GPUs, and runs `predicted_s`. No job starts
+before a job ahead of it that shares one of its pools, or one of its own team's (no backfill past
+a competitor), so each job's start depends only on the jobs ahead of it: the band of a job is the
+same whether the simulation stops at it (`explain`) or runs the whole queue (the queue view).
+
+Run twice: the earliest edge with known durations shortened by `ETA_TOLERANCE` and unknown ones
+taken as 0, the latest lengthened by it and unknown ones taken as `Snapshot.eta_unknown_s`.
+Preemption and later arrivals are not simulated. Pure: it reads the cycle's counters only.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from service.scheduling.state import RunningJob, WaitingJob
+
+if TYPE_CHECKING:
+    from service.scheduling.engine import _Cycle
+
+INF = math.inf
+#: the ETA band: known durations run this fraction shorter (earliest) or longer (latest).
+ETA_TOLERANCE = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """When one waiting job starts, in seconds from the snapshot's `now` (INF: never, as simulated),
+    and what the simulation held ahead of it (for the band's `method`)."""
+
+    earliest: float
+    latest: float
+    running: int  # running jobs of its kind
+    ahead: int  # jobs of its kind started before it in the simulation (admitted this cycle, or queued)
+    unknown: int  # of those, and of the running ones, how many have no known duration
+
+
+def forecast(c: _Cycle, kind: str, jobs: Iterable[WaitingJob], admitted_pools: Mapping[int, str],
+             stop_at: int | None = None) -> dict[int, Start]:
+    """The start of each job of `kind` in `jobs` (in admission order: the jobs admitted this cycle,
+    whose pool `admitted_pools` gives, and the waiting jobs that can ever start), with every running
+    job of `kind` in the snapshot. A job admitted this cycle starts at once, in its pool; it counts
+    for the jobs after it in order only, as in the cycle that admitted it. Stops after `stop_at`."""
+    s = c.s
+    jobs = list(jobs)
+    running = [r for r in s.running if r.gpu == kind]
+    earliest = _starts(c, kind, jobs, admitted_pools, running, 1 - ETA_TOLERANCE, 0.0, stop_at)
+    latest = _starts(c, kind, jobs, admitted_pools, running, 1 + ETA_TOLERANCE, s.eta_unknown_s, stop_at)
+    unknown = sum(1 for r in running if r.remaining_s is None)
+    out: dict[int, Start] = {}
+    ahead = 0
+    for j in jobs:
+        if j.id not in earliest:
+            break
+        out[j.id] = Start(earliest[j.id], latest[j.id], len(running), ahead, unknown)
+        if earliest[j.id] != INF:
+            ahead += 1
+            unknown += j.predicted_s is None
+    return out
+
+
+def _starts(c: _Cycle, kind: str, jobs: list[WaitingJob], admitted_pools: Mapping[int, str],
+            running: list[RunningJob], factor: float, unknown_s: float, stop_at: int | None) -> dict[int, float]:
+    free = {n: p.gpus for n, p in c.pools.items() if p.gpu == kind}
+    ends: dict[str, list[tuple[float, int]]] = {n: [] for n in free}
+    team_use: dict[str, int] = {}
+    team_ends: dict[str, list[tuple[float, int]]] = {}
+
+    def occupy(pool: str | None, team: str, gpus: int, end: float) -> None:
+        if pool in free:
+            free[pool] -= gpus
+            heapq.heappush(ends[pool], (end, gpus))
+        team_use[team] = team_use.get(team, 0) + gpus
+        heapq.heappush(team_ends.setdefault(team, []), (end, gpus))
+
+    for r in running:
+        occupy(r.pool, r.team, r.gpus, r.remaining_s * factor if r.remaining_s is not None else unknown_s)
+    tiebreak = {n: [-ord(x) for x in n] for n in free}
+    now = c.s.now
+    pool_clock = dict.fromkeys(free, 0.0)
+    team_clock: dict[str, float] = {}
+    out: dict[int, float] = {}
+    for j in jobs:
+        admitted = admitted_pools.get(j.id)
+        if admitted is not None:  # admitted this cycle: it holds its pool from now (ended ones free at the next look)
+            occupy(admitted, j.team, j.gpus, j.predicted_s * factor if j.predicted_s is not None else unknown_s)
+            out[j.id] = 0.0
+            if j.id == stop_at:
+                break
+            continue
+        fit = c.big_enough.get((j.backend, j.gpu, j.pool, j.gpus))
+        names = fit[0] if fit is not None else [n for n in c.pools_for(j) if c.pools[n].gpus >= j.gpus]
+        cap = c.ever_limit(j.team, j.gpu)
+        if not names or j.gpus > cap:
+            out[j.id] = INF
+        else:
+            t = team_clock.get(j.team, 0.0)
+            if j.not_before is not None and j.not_before - now > t:  # a retry: not before its backoff ends
+                t = j.not_before - now
+            for n in names:
+                if pool_clock[n] > t:
+                    t = pool_clock[n]
+            th = team_ends.get(j.team, [])
+            while True:
+                for n in names:
+                    h = ends[n]
+                    while h and h[0][0] <= t:
+                        free[n] += heapq.heappop(h)[1]
+                while th and th[0][0] <= t:
+                    team_use[j.team] -= heapq.heappop(th)[1]
+                pool = names[0] if len(names) == 1 else max(names, key=lambda n: (free[n], tiebreak[n]))
+                room = free[pool] >= j.gpus
+                team_ok = team_use.get(j.team, 0) + j.gpus <= cap
+                if room and team_ok:
+                    break
+                nxt = min((ends[n][0][0] for n in names if ends[n]), default=INF) if not room else INF
+                if not team_ok and th and th[0][0] < nxt:
+                    nxt = th[0][0]
+                if nxt == INF:
+                    break
+                t = max(t, nxt)
+            for n in names:  # nothing later that shares a pool or the team starts before it
+                pool_clock[n] = t
+            team_clock[j.team] = t
+            if room and team_ok:
+                out[j.id] = t
+                occupy(pool, j.team, j.gpus, t + (j.predicted_s * factor if j.predicted_s is not None else unknown_s))
+            else:
+                out[j.id] = INF
+        if j.id == stop_at:
+            break
+    return out
+
+
+__all__ = ["ETA_TOLERANCE", "Start", "forecast"]
