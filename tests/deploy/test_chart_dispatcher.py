@@ -13,15 +13,14 @@ import base64
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
 from service.cli import wiring
 from service.settings import Settings
 from tests.db_fixtures import Env
-from tests.deploy.chart import env_of, find, one, pod_spec, render, scenario
+from tests.deploy.chart import render, scenario
+from tests.deploy.podenv import container_environment, kubeconfig
 from tests.deploy.rbac import allows, authorization
 from tests.deploy.test_rbac import roles_by_namespace
 from tests.k8s.fake_apiserver import FakeApiServer
@@ -29,54 +28,13 @@ from tests.k8s.schemas import require_crd_schemas
 from tests.specs import tiny
 
 
-def _kubeconfig(path: Path, host: str) -> Path:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": host}}],
-        "users": [{"name": "sa", "user": {"token": "not-a-real-token"}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "sa"}}]}))
-    return path
-
-
-def chart_environment(objs: list[dict[str, Any]], deployment: str, *, database_url: str, root: Path,
-                      kubeconfig: Path) -> dict[str, str]:
-    """The SHARDCTL_* environment the rendered Deployment's container gets, resolved as the kubelet
-    would: references into the release's Secrets and ConfigMaps, mount paths under `root`."""
-    spec = pod_spec(one(objs, "Deployment", deployment))
-    container = spec["containers"][0]
-    volumes = {v["name"]: v for v in spec["volumes"]}
-    mounts: dict[str, Path] = {}
-    for mount in container["volumeMounts"]:
-        local = root / mount["name"]
-        local.mkdir(parents=True)
-        source = volumes[mount["name"]]
-        if "configMap" in source:
-            config = one(objs, "ConfigMap", source["configMap"]["name"])
-            for key, text in config["data"].items():
-                (local / key).write_text(text)
-        mounts[mount["mountPath"]] = local
-    out: dict[str, str] = {}
-    for name, value in env_of(container).items():
-        if isinstance(value, dict):
-            ref = value["secretKeyRef"]
-            secrets = find(objs, "Secret", ref["name"])
-            # The operator's existingSecret is not in the render: the test's database stands in for it.
-            assert name == "SHARDCTL_DATABASE_URL" and not secrets, f"unexpected reference {name}: {value}"
-            out[name] = database_url
-            continue
-        for mount_path, local in mounts.items():
-            if value == mount_path or value.startswith(mount_path + "/"):
-                value = str(local) + value[len(mount_path):]
-        out[name] = value
-    out["SHARDCTL_KUBECONFIG"] = str(kubeconfig)  # stands in for the in-cluster service account
-    return out
-
-
 def test_dispatcher_from_the_chart_runs_a_job(env: Env, fake_cluster: FakeApiServer, tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     objs = render(scenario("postgres"))
-    variables = chart_environment(objs, "shardctl-dispatcher", database_url=env.url, root=tmp_path / "pod",
-                                  kubeconfig=_kubeconfig(tmp_path / "kubeconfig", fake_cluster.host))
+    # The operator's existingSecret is not in the render: the test's database stands in for its URL.
+    variables = container_environment(objs, "Deployment", "shardctl-dispatcher", root=tmp_path / "pod",
+                                       kube=kubeconfig(tmp_path / "kubeconfig", fake_cluster.host),
+                                       stand_ins={"SHARDCTL_DATABASE_URL": env.url})
     for name in [n for n in os.environ if n.startswith("SHARDCTL_")]:
         monkeypatch.delenv(name)
     for name, value in variables.items():
