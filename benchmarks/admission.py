@@ -18,11 +18,15 @@ import argparse
 import math
 import random
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 
+from sqlalchemy.orm import Session, sessionmaker
+
 from service.scheduling.engine import admit, explain
 from service.scheduling.model import FlavorQuota, Pool, PreemptionPolicy, TeamQuota
+from service.scheduling.queue_view import queue_view
 from service.scheduling.state import RunningJob, Snapshot, WaitingJob
 
 KINDS = ["H100-SXM-80GB", "A100-SXM-80GB", "L40S-48GB", "H200-SXM-141GB"]
@@ -102,12 +106,41 @@ def reference_loop_ns() -> float:
     return best / 100_000 * 1e9
 
 
+def view_store(url: str, snap: Snapshot) -> tuple[sessionmaker[Session], float]:
+    """A migrated database at `url` holding the queue view of `snap`; and the seconds the write took."""
+    from service.store.db import make_engine, make_sessionmaker
+    from service.store.migrate import upgrade
+    from service.store.models import utcnow
+    from service.store.queue_view import write_view
+
+    upgrade(url)
+    sessions = make_sessionmaker(make_engine(url))
+    entries = queue_view(snap)
+    started = time.perf_counter()
+    with sessions.begin() as session:
+        write_view(session, entries, computed_at=utcnow(), seconds=0.0)
+    return sessions, time.perf_counter() - started
+
+
+def read_view(sessions: sessionmaker[Session], job_id: int, viewer: str | None) -> Callable[[], object]:
+    from service.store.models import utcnow
+    from service.store.queue_view import read_explanation
+
+    def read() -> object:
+        with sessions.begin() as session:
+            got = read_explanation(session, job_id, viewer, now=utcnow(), max_age_s=1e9)
+        assert got is not None
+        return got
+    return read
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--teams", type=int, default=100)
     parser.add_argument("--pools", type=int, default=20)
+    parser.add_argument("--postgres", help="also read the view from this PostgreSQL (its tables are replaced)")
     args = parser.parse_args()
     snap = make_snapshot(args.jobs, args.teams, args.pools)
     decision = admit(snap)
@@ -120,14 +153,31 @@ def main() -> None:
     fast = admit(snap, reasons=False)
     print(f"the dispatcher's cycle (reasons=False) walks {len(fast.order)} of {len(decision.order)} jobs"
           " before it provably settles")
-    print(f"{'case':46} {'median ms':>9} {'p95 ms':>7} {'min cpu ms':>10} {'goal ms':>7} {'goal/median':>11}")
     cases: list[tuple[str, float | None, Callable[[], object]]] = [
         ("admit: one cycle (dispatcher, reasons=False)", 0.050, lambda: admit(snap, reasons=False)),
         ("admit: one cycle with every reason and order", None, lambda: admit(snap)),
-        (f"explain: job {middle} (mid-queue), its team's view", 0.020, lambda: explain(snap, middle, target_team)),
     ]
+    stores: list[tuple[str, str]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        stores.append(("sqlite", f"sqlite:///{tmp}/view.db"))
+        if args.postgres:
+            stores.append(("postgres", args.postgres))
+        writes = []
+        for name, url in stores:
+            sessions, wrote = view_store(url, snap)
+            writes.append(f"{name} {wrote * 1e3:.0f} ms")
+            cases += [(f"why pending, from the view ({name}): team", 0.020, read_view(sessions, middle, target_team)),
+                      (f"why pending, from the view ({name}): admin", 0.020, read_view(sessions, middle, None))]
+        cases += [("why pending, live (engine.explain): team", 0.020, lambda: explain(snap, middle, target_team)),
+                  ("refresh the view: queue_view(s), no write", None, lambda: queue_view(snap))]
+        print(f"job {middle} (mid-queue, team {target_team}); writing the view once took {', '.join(writes)}")
+        run_cases(cases, args.runs)
+
+
+def run_cases(cases: list[tuple[str, float | None, Callable[[], object]]], runs: int) -> None:
+    print(f"{'case':46} {'median ms':>9} {'p95 ms':>7} {'min cpu ms':>10} {'goal ms':>7} {'goal/median':>11}")
     for label, goal, fn in cases:
-        median, p95, cpu = measure(fn, args.runs)
+        median, p95, cpu = measure(fn, runs)
         goals = f"{goal * 1e3:7.0f} {goal / median:11.2f}" if goal is not None else f"{'-':>7} {'-':>11}"
         print(f"{label:46} {median * 1e3:9.1f} {p95 * 1e3:7.1f} {cpu * 1e3:10.1f} {goals}")
 
