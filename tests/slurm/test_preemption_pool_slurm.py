@@ -73,7 +73,6 @@ def stored(env: Env, job_id: int) -> tuple[JobStatus, str | None, list[tuple[int
                                       for a in job.attempts]
 
 
-@sqlite_only
 def test_a_preempted_attempt_that_slurm_ends_gives_the_admission_back(env: Env, admin: dict[str, str],
                                                                         tmp_path: Path) -> None:
     dispatcher, job_id = running_in_pool(env, admin, tmp_path)
@@ -99,7 +98,6 @@ def test_a_preempted_attempt_that_slurm_ends_gives_the_admission_back(env: Env, 
         assert job_id not in being_preempted(session)
 
 
-@sqlite_only
 def test_a_preempted_attempt_that_slurm_requeues_anyway_keeps_its_mark(env: Env, admin: dict[str, str],
                                                                         tmp_path: Path) -> None:
     """A requeue racing shardctl's preemption (Slurm's own, or one sent by an older dispatcher): the
@@ -124,7 +122,6 @@ def test_a_preempted_attempt_that_slurm_requeues_anyway_keeps_its_mark(env: Env,
         assert job is not None and counted_attempts(job) == 0
 
 
-@sqlite_only
 def test_slurms_own_requeue_keeps_the_admission_as_before(env: Env, admin: dict[str, str], tmp_path: Path) -> None:
     dispatcher, job_id = running_in_pool(env, admin, tmp_path)
     dispatcher.apply(job_id, 1, SlurmObservation(state=RunState.PENDING, requeues=1, job_id="4242",
