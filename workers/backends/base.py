@@ -198,11 +198,10 @@ class Backend(Protocol):
 
     def preempt(self, handle: Handle, grace_s: float) -> None:
         """Ask the backend to stop the submission WITH NOTICE, so the job can checkpoint: its processes get
-        SIGTERM (Slurm: its requeue signals) and are killed `grace_s` later, as far as the backend can
-        honour it. The submission then ends (or is requeued) as `preempted`. Idempotent. Local:
-        SIGTERM to the process group, SIGKILL after `grace_s`; Kubernetes: delete with
-        `gracePeriodSeconds`; Slurm: `scontrol requeue` (the same job id and folder; the grace is the
-        cluster's KillWait)."""
+        SIGTERM and are killed `grace_s` later, as far as the backend can honour it. The submission then
+        ends as `preempted` and never runs again by itself (the job's next admission submits anew).
+        Idempotent. Local: SIGTERM to the process group, SIGKILL after `grace_s`; Kubernetes: delete
+        with `gracePeriodSeconds`; Slurm: `scancel` (the grace is the cluster's KillWait)."""
         ...
 
 
