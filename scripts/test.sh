@@ -29,4 +29,21 @@ echo "== mypy"
 echo "== import contracts (pyproject.toml [tool.importlinter])"
 .venv/bin/lint-imports --no-cache
 echo "== pytest"
+if [ "$#" -eq 0 ] && [ -n "${SHARDCTL_TEST_SLURM:-}" ]; then
+  # The Slurm tests spend most of their time waiting on the cluster (scheduling, KillWait, requeues):
+  # they run beside the rest, in a session of their own, and their report follows the main one.
+  slurm_log=$(mktemp)
+  .venv/bin/pytest tests/slurm -p no:cacheprovider >"$slurm_log" 2>&1 &
+  slurm_pid=$!
+  main_rc=0
+  .venv/bin/pytest --ignore=tests/slurm || main_rc=$?
+  slurm_rc=0
+  wait "$slurm_pid" || slurm_rc=$?
+  echo "== pytest tests/slurm (ran beside the rest)"
+  cat "$slurm_log"
+  rm -f "$slurm_log"
+  echo "== pytest: rest rc=$main_rc, tests/slurm rc=$slurm_rc"
+  [ "$main_rc" -eq 0 ] && [ "$slurm_rc" -eq 0 ]
+  exit
+fi
 exec .venv/bin/pytest "$@"
