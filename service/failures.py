@@ -7,9 +7,12 @@ classify what they observe with it. `docs/failures.md` lists each class's eviden
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 
-__all__ = ["RETRIED", "FailureClass"]
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["OUT_OF_MEMORY", "RETRIED", "FailureClass", "MeasuredOom", "measured_oom", "oom_line"]
 
 
 class FailureClass(StrEnum):
@@ -46,3 +49,44 @@ class FailureClass(StrEnum):
 #: - `cancelled`: someone asked for it to stop.
 RETRIED: frozenset[FailureClass] = frozenset({FailureClass.NODE_FAILURE, FailureClass.PREEMPTED,
                                               FailureClass.CAPACITY, FailureClass.LOST})
+
+
+#: The classes an out-of-memory re-plan answers (`TrainingSpec.recovery`, `service.planner.replan`).
+OUT_OF_MEMORY: frozenset[FailureClass] = frozenset({FailureClass.OOM_GPU, FailureClass.OOM_HOST})
+
+#: The one line the runtime prints (last, on stderr) when a rank runs out of memory, read back from any
+#: backend's log tail by `measured_oom`. Bytes are what the rank's allocator held when the failing
+#: allocation was asked for, plus that allocation (`peak`), and what it could have held (`limit`: the
+#: device's memory, or the runtime's per-process budget; `none` when unknown).
+_OOM_LINE = re.compile(r"shardctl: out of memory \((oom_gpu|oom_host)\) on rank (\d+): peak (\d+) bytes,"
+                       r" limit (\d+|none) bytes")
+
+
+class MeasuredOom(BaseModel):
+    """What a rank measured when it ran out of memory (see `oom_line`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    failure: FailureClass
+    rank: int
+    peak_bytes: int = Field(ge=0, description="Bytes held when the failing allocation was asked for, plus it.")
+    limit_bytes: int | None = Field(None, ge=0, description="Bytes the rank could hold: device memory or budget.")
+    source: str = ""
+
+
+def oom_line(oom: MeasuredOom) -> str:
+    """The runtime's out-of-memory line, e.g. `shardctl: out of memory (oom_gpu) on rank 1: peak 81234 bytes,
+    limit 80000 bytes (cpu memory budget)`; `measured_oom` reads it back."""
+    limit = "none" if oom.limit_bytes is None else str(oom.limit_bytes)
+    line = (f"shardctl: out of memory ({oom.failure.value}) on rank {oom.rank}: peak {oom.peak_bytes} bytes,"
+            f" limit {limit} bytes")
+    return f"{line} ({oom.source})" if oom.source else line
+
+
+def measured_oom(text: str) -> MeasuredOom | None:
+    """The largest peak any rank reported in `text` (a log tail) with `oom_line`, or None when no rank did.
+    Among ranks, the one with the largest peak wins; its limit is kept with it."""
+    found = [MeasuredOom(failure=FailureClass(m.group(1)), rank=int(m.group(2)), peak_bytes=int(m.group(3)),
+                         limit_bytes=None if m.group(4) == "none" else int(m.group(4)))
+             for m in _OOM_LINE.finditer(text)]
+    return max(found, key=lambda o: (o.peak_bytes, -o.rank)) if found else None

@@ -8,8 +8,9 @@
 - `program_lines`: the lines a program printed, without its launcher's: torchrun's banner, its
   `W1201 ...`/`E1201 ...` log lines, its own Python traceback (ending in `ChildFailedError`) and the
   failure summary, submitit's INFO lines and C++ frames.
-- `memory_failure`: a CUDA out-of-memory message is `oom_gpu`; a Python `MemoryError` or a C++
-  `std::bad_alloc` is `oom_host`.
+- `memory_failure`: the runtime's own out-of-memory line (`service.failures.oom_line`, which names the
+  class and the measured peak) decides; otherwise a CUDA out-of-memory message is `oom_gpu`, a Python
+  `MemoryError` or a C++ `std::bad_alloc` is `oom_host`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import re
 import signal
 from collections.abc import Iterable
 
-from service.failures import FailureClass
+from service.failures import FailureClass, measured_oom
 
 _ROOT_CAUSE = "Root Cause (first observed failure)"
 _EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
@@ -70,7 +71,12 @@ def program_lines(lines: Iterable[str]) -> list[str]:
 
 
 def memory_failure(text: str) -> FailureClass | None:
-    """`oom_gpu` or `oom_host` when the program's output shows it ran out of that memory, else None."""
+    """`oom_gpu` or `oom_host` when the program's output shows it ran out of that memory, else None. The
+    runtime's own line (`service.failures.oom_line`) wins: a rank over its per-process budget on `cpu` is
+    `oom_gpu` (the plan's device), whatever else the tail shows."""
+    measured = measured_oom(text)
+    if measured is not None:
+        return measured.failure
     if _GPU_OOM.search(text):
         return FailureClass.OOM_GPU
     if any(_HOST_OOM.search(line) for line in text.splitlines()):

@@ -16,6 +16,7 @@ from pathlib import Path
 from service.jobenv import LOG_LEVEL, OUT_DIR, PLAN, JobEnv, JobEnvError
 from service.planner import Plan
 from workers.runtime.config import PlanNotRunnable, RunOptions, load_plan
+from workers.runtime.memory_budget import BUDGET_ENV, parse_bytes
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -37,6 +38,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile-active", type=int, default=2)
     p.add_argument("--no-track-memory", action="store_true", help="skip the CPU MemTracker step")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--memory-budget", help="per-process memory budget, bytes or with a unit (64MiB, 2GiB);"
+                   " past it the rank fails as out of memory, as a GPU that is full would"
+                   f" (default: ${BUDGET_ENV}, else none)")
     p.add_argument("--fail-rank", type=int, help=argparse.SUPPRESS)
     p.add_argument("--fail-step", type=int, help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -61,12 +65,19 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=os.environ.get(LOG_LEVEL, "INFO"),
                         format=f"[rank {os.environ.get('RANK', '0')}] %(levelname)s %(name)s: %(message)s")
+    budget_text = args.memory_budget or os.environ.get(BUDGET_ENV) or None
+    try:
+        budget = parse_bytes(budget_text) if budget_text else None
+    except ValueError as exc:
+        print(f"error: --memory-budget: {exc}", file=sys.stderr)
+        sys.exit(2)
     opts = RunOptions(seed=args.seed, lr=args.lr, steps=args.steps, timeout_s=args.timeout_s,
                       checkpoint_every=args.checkpoint_every, stop_after=args.stop_after,
                       heartbeat_every=args.heartbeat_every, profile=not args.no_profile,
                       profile_wait=args.profile_wait, profile_warmup=args.profile_warmup,
                       profile_active=args.profile_active, track_memory=not args.no_track_memory,
-                      device=args.device, fail_rank=args.fail_rank, fail_step=args.fail_step)
+                      device=args.device, fail_rank=args.fail_rank, fail_step=args.fail_step,
+                      memory_budget=budget)
     from workers.runtime.config import resolve_run
     from workers.runtime.train import run
 

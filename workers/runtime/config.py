@@ -41,6 +41,8 @@ class RunOptions(BaseModel):
     fail_rank: int | None = None
     fail_step: int | None = None
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    #: per-process memory budget in bytes (`workers.runtime.memory_budget`); None: the device's own memory
+    memory_budget: int | None = None
 
 
 class RunConfig(BaseModel):

@@ -18,6 +18,7 @@ import httpx
 from pydantic import BaseModel, Field
 
 from service import jobenv
+from service.failures import MeasuredOom
 from service.jobenv import MeasurementKind
 from service.planner import Plan
 
@@ -88,6 +89,8 @@ class Report(BaseModel):
     profile_error: str | None = None
     traces: list[str] = Field(default_factory=list)
     error: RunError | None = None
+    oom: MeasuredOom | None = Field(None, description="Set when the failing rank ran out of memory: its class"
+                                    " (oom_gpu, oom_host), the peak it measured and the limit it hit.")
 
 
 def predicted_of(plan: Plan) -> Predicted:

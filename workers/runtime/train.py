@@ -11,8 +11,10 @@ that makes no progress for `2 * timeout_s`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -21,9 +23,10 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
+from service.failures import oom_line
 from service.jobenv import PREEMPTED_EXIT_CODE, MeasurementKind
 from service.planner.timing import FLOP_CONVENTION, model_flops_per_step
-from workers.runtime import checkpoint
+from workers.runtime import checkpoint, memory_budget
 from workers.runtime.config import RunConfig
 from workers.runtime.data import local_batch
 from workers.runtime.measure import PeakTracker, StateBytes, state_bytes
@@ -96,7 +99,10 @@ def run(cfg: RunConfig, out: Path) -> NoReturn:
     def fail(exc: BaseException, code: int = 1) -> NoReturn:
         err = RunError.of(rank, exc)
         log.error("rank %d failed: %s", rank, err.traceback)
-        report = base.model_copy(update={"status": "failed", "error": err})
+        oom = memory_budget.measured_of(exc, rank, device, opts.memory_budget)
+        report = base.model_copy(update={"status": "failed", "error": err, "oom": oom})
+        if oom is not None:  # last on stderr, so that the backend's log tail carries it (docs/failures.md)
+            print(oom_line(oom), file=sys.stderr, flush=True)
         if write_report(out, report, exclusive=True):
             # Whichever rank fails first reports it, not only rank 0.
             failing = reporter if reporter.enabled else ApiReporter.from_env()
@@ -107,9 +113,12 @@ def run(cfg: RunConfig, out: Path) -> NoReturn:
 
     watchdog = Watchdog(2 * opts.timeout_s, lambda: fail(TimeoutError(
         f"rank {rank} made no progress for {2 * opts.timeout_s:.0f} s (2 x timeout_s); a peer is dead or hung"), 124))
+    device: torch.device | None = None
     try:
         device = pick_device(opts.device)
         base.device = str(device)
+        if device.type == "cuda" and opts.memory_budget is not None:
+            memory_budget.apply_cuda_budget(device, opts.memory_budget)
         if device.type == "cpu":
             torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         init_distributed(device, opts.timeout_s)
@@ -153,7 +162,12 @@ def _train(cfg: RunConfig, out: Path, device: torch.device, rank: int, reporter:
     times: list[tuple[int, float]] = []
     states: StateBytes | None = None
     status = "succeeded"
-    with window.context():
+    budget: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+    if device.type == "cpu" and opts.memory_budget is not None:
+        counter = memory_budget.MemoryBudget(opts.memory_budget)
+        counter.register([*applied.parameters(), *(b for part in applied.parts for b in part.buffers())])
+        budget = counter
+    with window.context(), budget:
         for k, step in enumerate(range(start, steps)):
             x, y = local_batch(opts.seed, step, gb, shape.seq_len, shape.vocab, layout.dp, mesh.dp_rank)
             x, y = x.to(device), y.to(device)
