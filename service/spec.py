@@ -52,6 +52,7 @@ MAX_FFN_HIDDEN = 1 << 22
 MAX_VOCAB = 1 << 24
 MAX_STEPS = 10**9
 MAX_PARAMS = 1e15
+MAX_REPLANS = 10  # out-of-memory re-plans of one job (`recovery.max_replans`)
 MAX_MEMORY_GIB = 1e5  # GPU memory or host RAM per node: 100,000 GiB
 MAX_TFLOPS = 1e7
 MAX_GBPS = 1e7
@@ -136,6 +137,7 @@ RANGES: dict[str, str] = {
     "layout.micro_batch": allowed_range(1, MAX_BATCH),
     "layout.virtual_stages": allowed_range(1, MAX_LAYERS),
     "priority": allowed_range(-1000, 1000),
+    "recovery.max_replans": allowed_range(0, MAX_REPLANS),
 }
 
 
@@ -323,6 +325,18 @@ class EntrypointSpec(_Strict):
         return self
 
 
+class RecoverySpec(_Strict):
+    """What the dispatcher does when an attempt runs out of memory (`docs/failures.md`)."""
+
+    replan_on_oom: bool = Field(False, description=(
+        "After oom_gpu or oom_host, plan again with the memory model capped at what the failed attempt"
+        " measured (smaller micro-batch, then activation checkpointing, more sharding, tensor or pipeline"
+        " parallelism, offload; the global batch is kept) and run the new layout. Off: the job fails."))
+    max_replans: Annotated[int, Field(ge=0, le=MAX_REPLANS), _within(allowed_range(0, MAX_REPLANS))] = Field(
+        3, description="Re-plans after running out of memory, at most; they do not count against max_attempts."
+        f" {allowed_range(0, MAX_REPLANS)}.")
+
+
 class TrainingSpec(_Strict):
     """What a user asks for. `layout` pins are optional; everything unpinned is searched."""
 
@@ -336,6 +350,8 @@ class TrainingSpec(_Strict):
     backend: BackendOptions = Field(default_factory=LocalOptions,
                                     description="Where the job runs: {kind: local|slurm|kubernetes, ...options}.")
     entrypoint: EntrypointSpec | None = None
+    recovery: RecoverySpec = Field(default_factory=RecoverySpec,
+                                   description="Out-of-memory recovery: {replan_on_oom: true, max_replans: 3}.")
 
     @model_validator(mode="after")
     def _checkpointing_pinned_once(self) -> TrainingSpec:
@@ -404,6 +420,7 @@ __all__ = [
     "GpuOverride",
     "LayoutPins",
     "ModelSpec",
+    "RecoverySpec",
     "Resources",
     "TrainingConfig",
     "TrainingSpec",
