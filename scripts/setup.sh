@@ -33,3 +33,12 @@ fi
 spec="."
 [ -n "$extras" ] && spec=".[$extras]"
 "${pip[@]}" -e "$spec"
+if [[ ",$extras," == *",dev,"* ]] && [ ! -x /usr/bin/chromium ]; then
+  # tests/ui drive Debian's Chromium with Playwright (its own browser download is never used).
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "installing chromium (the dashboard's browser tests, tests/ui)" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "note: /usr/bin/chromium is missing: tests/ui skip (fail under CI=true); apt-get install chromium" >&2
+  fi
+fi

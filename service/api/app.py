@@ -49,6 +49,8 @@ from service.api.routers import pools as pool_routes
 from service.api.routers import scheduling as scheduling_routes
 from service.api.schemas import ErrorField
 from service.api.submission import PlanRunner
+from service.api.ui import mount_ui
+from service.api.ui.docs_assets import mount_docs
 from service.planner.result import Plan
 from service.settings import Settings
 from service.spec import TrainingSpec
@@ -344,7 +346,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     backends (`service.api.logs_source`); without it those routes answer 409 `not_available`."""
     settings = settings or Settings()
     engine = engine or make_engine(settings.resolved_database_url)
-    app = FastAPI(title="shardctl", version="0.1.0",
+    app = FastAPI(title="shardctl", version="0.1.0", docs_url=None, redoc_url=None,  # mount_docs: vendored assets
                   description="Plan, launch and track distributed training jobs.")
     app.state.settings = settings
     app.state.streams = jobs.StreamSlots()
@@ -362,6 +364,8 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
         app.include_router(module.router)
     for module in (pool_routes, scheduling_routes):  # shared GPUs (issue 12)
         app.include_router(module.router)
+    mount_docs(app)
+    mount_ui(app)  # the dashboard under /ui/ (service/api/ui, docs/dashboard.md)
     app.add_middleware(RequestGate, api=app)
     app.add_middleware(AccessLog)  # outermost: it logs what the gate refuses too
 

@@ -10,9 +10,10 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime
+from typing import Any, TypeVarTuple
 
-from sqlalchemy import func, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session, selectinload, undefer
 
 from service.backend_options import BackendKind
@@ -24,6 +25,7 @@ from service.store.tokens import Conflict, NotFound, Principal
 from service.store.vocab import EventKind, JobStatus, MeasurementKind, Role
 
 MAX_PAGE = 200
+Row = TypeVarTuple("Row")
 
 
 def body_hash(body: Any) -> str:
@@ -104,22 +106,25 @@ def can_see(principal: Principal, job: Job) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class JobFilter:
+    """`gpu` is the GPU kind (`cpu` too); `created_after`/`created_before` bound the submission time."""
+
     status: Sequence[JobStatus] = ()
     team: str | None = None
     backend: BackendKind | None = None
     name: str | None = None
+    gpu: str | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
 
 
-def list_jobs(session: Session, principal: Principal, filters: JobFilter, *, limit: int = 50,
-              cursor: int | None = None) -> tuple[list[Job], int | None]:
-    """Newest first. Returns a page and the cursor of the next page (None at the end)."""
-    limit = max(1, min(limit, MAX_PAGE))
-    stmt = select(Job)
+def _filtered(stmt: Select[*Row], principal: Principal, filters: JobFilter, *,
+              status: bool = True) -> Select[*Row]:
+    """`stmt` (over `Job`) narrowed to what `principal` may see and `filters` match."""
     if principal.role == Role.MEMBER:
         stmt = stmt.where(Job.team_id == principal.team_id)
     elif principal.role == Role.JOB:
         stmt = stmt.where(Job.id == principal.job_id)
-    if filters.status:
+    if status and filters.status:
         stmt = stmt.where(Job.status.in_(list(filters.status)))
     if filters.team:
         stmt = stmt.join(Team, Team.id == Job.team_id).where(Team.name == filters.team)
@@ -127,11 +132,32 @@ def list_jobs(session: Session, principal: Principal, filters: JobFilter, *, lim
         stmt = stmt.where(Job.backend == filters.backend)
     if filters.name:
         stmt = stmt.where(Job.name == filters.name)
+    if filters.gpu:
+        stmt = stmt.where(Job.gpu == filters.gpu)
+    if filters.created_after is not None:
+        stmt = stmt.where(Job.created_at >= filters.created_after)
+    if filters.created_before is not None:
+        stmt = stmt.where(Job.created_at < filters.created_before)
+    return stmt
+
+
+def list_jobs(session: Session, principal: Principal, filters: JobFilter, *, limit: int = 50,
+              cursor: int | None = None, oldest_first: bool = False) -> tuple[list[Job], int | None]:
+    """Newest first (or oldest first). Returns a page and the cursor of the next page (None at the end)."""
+    limit = max(1, min(limit, MAX_PAGE))
+    stmt = _filtered(select(Job), principal, filters)
     if cursor is not None:
-        stmt = stmt.where(Job.id < cursor)
-    rows = list(session.scalars(stmt.order_by(Job.id.desc()).limit(limit + 1)))
+        stmt = stmt.where(Job.id > cursor if oldest_first else Job.id < cursor)
+    order = Job.id.asc() if oldest_first else Job.id.desc()
+    rows = list(session.scalars(stmt.order_by(order).limit(limit + 1)))
     next_cursor = rows[limit - 1].id if len(rows) > limit else None
     return rows[:limit], next_cursor
+
+
+def count_jobs_by_status(session: Session, principal: Principal, filters: JobFilter) -> dict[JobStatus, int]:
+    """How many jobs `principal` may see match `filters` (all but the status filter), per status."""
+    stmt = _filtered(select(Job.status, func.count()), principal, filters, status=False).group_by(Job.status)
+    return {JobStatus(s): int(n) for s, n in session.execute(stmt)}
 
 
 def cancel_job(session: Session, principal: Principal, job_id: int) -> Job:

@@ -1,0 +1,1 @@
+"""One router per dashboard page (see `service.api.ui.PAGE_ROUTERS`)."""
