@@ -104,13 +104,28 @@ def plan_panel(plan: Plan, width: int = 120) -> Panel:
             alts.add_row(alt.layout.short(), gib(alt.memory_total), human_seconds(alt.step_s),
                          f"{alt.mfu:.1%}", alt.why_not)
         parts += [Text(""), alts]
-    r = plan.rejected
-    parts.append(Text(f"Evaluated {plan.candidates_evaluated} layouts; rejected: {r.out_of_memory} out of"
-                      f" memory, {r.invalid} invalid, {r.dominated} dominated, {r.slower} slower.",
-                      style="dim"))
+    parts.append(Text(considered_sentence(plan), style="dim"))
     for warning in plan.warnings:
         parts.append(Text("warning: " + warning, style="yellow"))
     return Panel(Group(*parts), title="shardctl plan", expand=False)  # type: ignore[arg-type]
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+def considered_sentence(plan: Plan) -> str:
+    """How many layouts the search considered and what became of them; the parts add up to the total.
+
+    Most out-of-memory layouts are ruled out in bulk by a bound (model states alone over the
+    limit, a smaller micro-batch that already did not fit), without being built."""
+    r = plan.rejected
+    chosen = 1 if plan.fits else 0
+    total = chosen + r.slower + r.out_of_memory + r.dominated
+    head = "1 chosen" if plan.fits else "none fits (the closest is shown)"
+    return (f"Considered {_plural(total, 'layout')}: {head}, {r.slower:,} fitting but not chosen,"
+            f" {r.out_of_memory:,} out of memory, {r.dominated:,} dominated by a variant with less"
+            f" offload; {_plural(r.invalid, 'mesh or micro-batch choice')} invalid.")
 
 
 def plan_line(plan: Plan) -> str:

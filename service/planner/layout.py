@@ -9,12 +9,12 @@ from functools import lru_cache
 
 from service.planner.hardware import Cluster
 from service.planner.models import ModelShape
+from service.planner.runnable import dims_problems
 from service.spec import Checkpointing, Offload, PipelineSchedule, Sharding
 
 SHARDING_RANK: dict[str, int] = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3, "hsdp": 4}
 OFFLOAD_RANK: dict[str, int] = {"none": 0, "optimizer": 1, "params": 2}
 CHECKPOINT_RANK: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
-FULLY_SHARDED = frozenset({"zero3", "fsdp", "hsdp"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,14 +92,7 @@ def mesh_problems(shape: ModelShape, cluster: Cluster, global_batch: int, dp: in
     world = cluster.world_size
     if problem := product_problem({"dp": dp, "tp": tp, "pp": pp, "cp": cp}, world):
         problems.append(("dp", problem))
-    if shape.heads % tp or shape.kv_heads % tp:
-        problems.append(("tp", f"tp={tp} must divide heads ({shape.heads}) and kv_heads ({shape.kv_heads})"))
-    if shape.ffn_hidden % tp:
-        problems.append(("tp", f"tp={tp} must divide ffn_hidden ({shape.ffn_hidden})"))
-    if pp > shape.layers:
-        problems.append(("pp", f"pp={pp} exceeds the model's {shape.layers} layers"))
-    if cp > 1 and shape.seq_len % (2 * cp):
-        problems.append(("cp", f"cp={cp} needs seq_len ({shape.seq_len}) divisible by 2*cp for load balance"))
+    problems += [(p.field, p.message) for p in dims_problems(shape, tp=tp, pp=pp, cp=cp)]
     if cp > 1 and attention == "eager":
         problems.append(("cp", "context parallelism needs flash attention (training.attention: flash)"))
     if global_batch % dp:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from service.planner.budget import Deadline
 from service.planner.errors import FieldProblem, InvalidSpec
-from service.planner.explain import gib, memory_sentence, rubric, why_slower
+from service.planner.explain import gib, memory_sentence, plural, rubric, simpler_words, why_slower
 from service.planner.layout import Layout
 from service.planner.result import (
     Alternative,
@@ -15,14 +17,18 @@ from service.planner.result import (
     Rejected,
     StepEstimate,
 )
+from service.planner.runnable import layout_problems, runtime_gaps
 from service.planner.search import (
+    DEFAULT_MIN_FREE_FRACTION,
     MAX_ALTERNATIVES,
     PRUNE_FACTOR,
+    SIMPLER_WITHIN,
     Candidate,
     Context,
     SearchResult,
     evaluate_layout,
     resolve,
+    runnable_pin_problems,
     search,
     smallest_fitting_world,
 )
@@ -30,15 +36,20 @@ from service.planner.timing import FLOP_CONVENTION, model_flops_per_step, recomp
 from service.spec import LayoutPins, TrainingSpec
 
 
-def plan(spec: TrainingSpec, *, deadline: Deadline | None = None) -> Plan:
-    """Search every valid layout the spec's pins allow and return the fastest that fits.
+def plan(spec: TrainingSpec, *, deadline: Deadline | None = None,
+         min_free_fraction: float = DEFAULT_MIN_FREE_FRACTION) -> Plan:
+    """Search every runnable layout the spec's pins allow and return the best that fits (see
+    `search`: runtime gaps last, then layouts leaving less than `min_free_fraction` of GPU memory
+    free, then the simplest within `SIMPLER_WITHIN` of the fastest).
 
     When nothing fits, the plan describes the candidate closest to fitting, with `fits` false,
     the reasons, and the smallest GPU count of this kind that would fit.
     Raises `InvalidSpec` for a spec that cannot be planned at all, and `SearchBudgetExceeded` when
     the search (or the search for the smallest GPU count that fits) runs past `deadline`.
     """
-    ctx = resolve(spec)
+    ctx = dataclasses.replace(resolve(spec), min_free=min_free_fraction)
+    if problems := runnable_pin_problems(spec.layout, spec.training.precision):
+        raise InvalidSpec(problems)
     result = search(ctx, deadline=deadline)
     if result.best is not None:
         return _assemble(ctx, result.best, result)
@@ -93,9 +104,9 @@ def _no_fit_reasons(ctx: Context, result: SearchResult) -> list[str]:
     if result.closest is not None:
         reasons.append("closest: " + _oom_reason(ctx, result.closest))
     if result.out_of_memory:
-        reasons.append(f"{result.out_of_memory} layouts run out of memory")
+        reasons.append(f"{plural(result.out_of_memory, 'layout')} out of memory")
     for why, count in sorted(result.invalid_reasons.items(), key=lambda kv: -kv[1])[:3]:
-        reasons.append(f"{count} layouts invalid: {why}")
+        reasons.append(f"{plural(count, 'mesh', 'meshes')} invalid: {why}")
     if not result.out_of_memory and not result.invalid_reasons:
         reasons.append("the pins leave no valid layout (check micro_batch, pp and the batch size)")
     return reasons
@@ -118,8 +129,13 @@ def _warnings(ctx: Context, cand: Candidate) -> list[str]:
     if t is not None and t.bubble_s > 0.2 * t.step_s:
         out.append(f"the pipeline bubble is {t.bubble_s / t.step_s:.0%} of the step; more micro-batches or"
                    " an interleaved schedule would shrink it")
-    if cand.fits and cand.mem.total > 0.95 * cl.memory_bytes_per_gpu:
-        out.append("less than 5% memory headroom: variable shapes or fragmentation may still run out")
+    if cand.fits and cand.mem.total > ctx.roomy:
+        out.append(f"only {1 - cand.mem.total / cl.memory_bytes_per_gpu:.0%} of GPU memory free, under the"
+                   f" {ctx.min_free:.0%} minimum: variable shapes or fragmentation may still run out")
+    for problem in layout_problems(lay, precision=ctx.precision, attention=ctx.attention, shape=ctx.shape):
+        out.append(f"{problem}: shardctl's runtime refuses this layout (plan() never returns it)")
+    for gap in runtime_gaps(lay, precision=ctx.precision):
+        out.append(f"{gap}: shardctl's runtime refuses this plan until that is implemented")
     if lay.offload != "none":
         out.append(f"offload={lay.offload} moves state to host memory and adds PCIe traffic every step")
     if ctx.attention == "eager" and ctx.shape.seq_len >= 4096:
@@ -129,20 +145,45 @@ def _warnings(ctx: Context, cand: Candidate) -> list[str]:
     return out
 
 
+def why_not(ctx: Context, chosen: Candidate, other: Candidate) -> str:
+    """Why `other` lost to `chosen`: its step time, and what decided when it is not slower."""
+    assert chosen.time is not None and other.time is not None
+    words = why_slower(chosen.time, other.time)
+    limit = ctx.cluster.memory_bytes_per_gpu
+    if other.tier > chosen.tier:
+        gaps = runtime_gaps(other.layout, precision=ctx.precision)
+        if gaps and not runtime_gaps(chosen.layout, precision=ctx.precision):
+            return f"{words}; needs {', '.join(f'{g.field}' for g in gaps)} support the runtime does not have yet"
+        return (f"{words}; uses {other.total / limit:.0%} of GPU memory, leaving less than the"
+                f" {ctx.min_free:.0%} minimum free")
+    simpler = chosen.layout.simplicity() < other.layout.simplicity()
+    if other.step_s < chosen.step_s and simpler:
+        return (f"{words}; within the {SIMPLER_WITHIN:.0%} near-tie tolerance, and the chosen layout is"
+                f" simpler ({simpler_words(chosen.layout, other.layout)})")
+    if abs(other.step_s - chosen.step_s) < 0.0005 * chosen.step_s:
+        if simpler:
+            return f"{words}; the chosen layout is simpler ({simpler_words(chosen.layout, other.layout)})"
+        return f"{words}; the chosen layout uses less memory ({gib(chosen.total)} against {gib(other.total)})"
+    return words
+
+
 def _explanation(ctx: Context, cand: Candidate, result: SearchResult | None) -> list[str]:
     lay, t = cand.layout, cand.time
     assert t is not None
     limit = ctx.cluster.memory_bytes_per_gpu
     lines: list[str] = []
-    if result is not None and result.fitting:
-        lines.append(f"{lay.short()}: the fastest of {result.fitting} fitting layouts"
+    if result is not None and result.fitting and cand.fits:
+        lines.append(f"{lay.short()}: chosen from {plural(result.fitting, 'fitting layout')}"
                      f" ({t.step_s:.3g} s/step).")
     else:
         lines.append(f"{lay.short()}: {t.step_s:.3g} s/step.")
+    if result is not None and cand.fits:
+        lines += _decision(ctx, cand, result)
     lines.append(memory_sentence(cand.mem, limit))
     lines.append(f"Time per step: compute {t.compute_s:.3g} s, recompute {t.recompute_s:.3g} s, exposed"
                  f" communication {t.comm_exposed_s:.3g} s, bubble {t.bubble_s:.3g} s, optimizer"
-                 f" {t.optimizer_s:.3g} s, offload {t.offload_s:.3g} s.")
+                 f" {t.optimizer_s:.3g} s, offload {t.offload_s:.3g} s; FLOPs and MFU count causal"
+                 " attention at half the full-attention FLOPs, as the step time does.")
     if result is None or not cand.fits:
         return lines
     for dim, value in (("tp", lay.tp), ("pp", lay.pp), ("cp", lay.cp), ("sharding", lay.sharding),
@@ -160,9 +201,34 @@ def _explanation(ctx: Context, cand: Candidate, result: SearchResult | None) -> 
                 lines.append("offload=none: states fit on the GPU.")
             continue
         rival = min(rivals, key=lambda c: c.key())
-        assert rival.time is not None
         lines.append(f"{dim}={value}: the best with {dim}={getattr(rival.layout, dim)} is"
-                     f" {why_slower(t, rival.time)}.")
+                     f" {why_not(ctx, cand, rival)}.")
+    return lines
+
+
+def _decision(ctx: Context, cand: Candidate, result: SearchResult) -> list[str]:
+    """What decided the choice when it is not simply the fastest fitting layout."""
+    limit = ctx.cluster.memory_bytes_per_gpu
+    lines: list[str] = []
+    if "gap" in result.decided_by:
+        gaps = runtime_gaps(cand.layout, precision=ctx.precision)
+        lines.append("No layout the runtime implements fits: this one needs "
+                     + ", ".join(g.field for g in gaps) + ", which the runtime refuses for now.")
+    if cand.tier % 2 == 1:
+        lines.append(f"No fitting layout leaves {ctx.min_free:.0%} of GPU memory free; this one uses"
+                     f" {cand.total / limit:.0%}.")
+    if "headroom" in result.decided_by:
+        tight = min((c for c in result.timed if c.tier == cand.tier + 1), key=lambda c: c.step_s)
+        assert tight.time is not None and cand.time is not None
+        lines.append(f"Headroom decided: the fastest fitting layout, {tight.layout.short()}, is"
+                     f" {why_slower(cand.time, tight.time)}, but uses {tight.total / limit:.0%} of GPU memory,"
+                     f" leaving less than the {ctx.min_free:.0%} minimum free.")
+    if "simplicity" in result.decided_by and result.fastest is not None:
+        fast = result.fastest
+        assert fast.time is not None and cand.time is not None
+        lines.append(f"Simplicity decided: {fast.layout.short()} is {why_slower(cand.time, fast.time)},"
+                     f" within the {SIMPLER_WITHIN:.0%} near-tie tolerance, and this layout is simpler"
+                     f" ({simpler_words(cand.layout, fast.layout)}).")
     return lines
 
 
@@ -180,12 +246,12 @@ def _assemble(ctx: Context, cand: Candidate, result: SearchResult | None, *,
     rejected = Rejected()
     if result is not None:
         ranked = sorted(result.by_signature.values(), key=lambda c: c.key())
-        for other in [c for c in ranked if c is not cand][:MAX_ALTERNATIVES]:
+        for other in [c for c in ranked if c.layout != lay][:MAX_ALTERNATIVES]:
             assert other.time is not None
             alternatives.append(Alternative(
                 layout=other.layout, fits=other.fits, memory_total=int(other.mem.total),
                 step_s=other.time.step_s, tokens_per_s=tokens / other.time.step_s,
-                mfu=flops / (other.time.step_s * cl.world_size * peak), why_not=why_slower(t, other.time)))
+                mfu=flops / (other.time.step_s * cl.world_size * peak), why_not=why_not(ctx, cand, other)))
         rejected = Rejected(invalid=result.invalid, out_of_memory=result.out_of_memory,
                             dominated=result.dominated,
                             slower=max(0, result.fitting - (1 if cand.fits else 0)) + result.pruned)

@@ -1,13 +1,22 @@
-"""Search every valid layout, evaluate each, pick the fastest that fits.
+"""Search every runnable layout, evaluate each, pick the best that fits.
 
 `plan(spec)` searches whatever the spec leaves unpinned; `estimate(spec, layout)` evaluates one
 complete layout, fitting or not. Both return a `Plan`.
 
-Ranking: step time (in 0.2% buckets, so that numerically equal times tie), then memory headroom
-(less memory first), then simplicity (`Layout.simplicity`). Variants that are slower by
-construction are skipped and counted as `dominated`: more checkpointing or more offload than a
-variant of the same layout that already fits, GPipe next to 1F1B (same bubble, more memory),
-and sequence parallelism off next to on (same traffic, more memory).
+Only layouts without a structural problem (`service.planner.runnable`, the rules the runtime
+applies too) are built. Ranking, risk-aware (`choose`):
+
+1. tiers: a layout the runtime implements beats one that needs a runtime gap (offload, cp, fp8),
+   and within each, a layout that leaves at least `Context.min_free` of the GPU's memory free
+   (default 10%) beats one that does not; a tier is left only when nothing in it fits;
+2. within the best tier, the fastest step time; but every layout within `SIMPLER_WITHIN` (3%) of
+   it is a near-tie, and the simplest near-tie wins (`Layout.simplicity`: no offload, fewer
+   parallel dimensions, DDP before ZeRO before FSDP, less recompute), then the faster, then the
+   one using less memory.
+
+Variants that are slower by construction are skipped and counted as `dominated`: more offload
+than a variant of the same layout that already fits, GPipe next to 1F1B (same bubble, more
+memory), and sequence parallelism off next to on (same traffic, more memory).
 """
 
 from __future__ import annotations
@@ -21,7 +30,6 @@ from service.planner.budget import Deadline
 from service.planner.errors import FieldProblem, InvalidSpec
 from service.planner.hardware import Cluster, resolve_cluster
 from service.planner.layout import (
-    FULLY_SHARDED,
     OFFLOAD_RANK,
     Layout,
     divisors,
@@ -39,6 +47,12 @@ from service.planner.memory import (
     static_memory,
 )
 from service.planner.models import ModelShape, resolve_model
+from service.planner.runnable import (
+    has_gap,
+    offload_problems,
+    schedule_problems,
+    sharding_problems,
+)
 from service.planner.timing import ForwardTimes, StepTime, forward_times, step_time
 from service.spec import (
     Checkpointing,
@@ -58,6 +72,14 @@ MAX_WORLD_FOR_FIT_SEARCH = 1 << 17
 # time so far are not timed further: they can be neither the choice nor a useful runner-up.
 PRUNE_FACTOR = 1.25
 DIMENSIONS = ("tp", "pp", "cp", "sharding", "activation_checkpointing", "offload")
+# The least share of a GPU's memory a preferred layout leaves free (variable shapes, fragmentation).
+DEFAULT_MIN_FREE_FRACTION = 0.10
+# Layouts within this fraction of the fastest step time are near-ties: the simplest of them wins.
+SIMPLER_WITHIN = 0.03
+# Ranking tiers (`Candidate.tier`): runnable with room, runnable but tight, needs a runtime gap with
+# room, needs a gap and tight.
+TIER_WORDS = ("runnable with room", "under the free-memory minimum", "needs a runtime gap",
+              "needs a runtime gap and is under the free-memory minimum")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,10 +89,20 @@ class Context:
     spec: TrainingSpec
     shape: ModelShape
     cluster: Cluster
+    min_free: float = DEFAULT_MIN_FREE_FRACTION
     limit: int = 0
+    roomy: float = 0.0  # the most bytes a layout may use and still leave `min_free` of the GPU free
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.min_free < 1.0:
+            raise InvalidSpec([FieldProblem(loc=("min_free_fraction",), message=(
+                f"min_free_fraction={self.min_free} must be at least 0 and below 1 (e.g. 0.1 for 10%)"))])
         object.__setattr__(self, "limit", self.cluster.memory_bytes_per_gpu)
+        object.__setattr__(self, "roomy", (1.0 - self.min_free) * self.limit)
+
+    def tier(self, layout: Layout, total: float) -> int:
+        """0 runnable with room, 1 runnable but under `min_free`, 2 and 3 the same with a runtime gap."""
+        return 2 * has_gap(layout, self.precision) + (total > self.roomy)
 
     @property
     def precision(self) -> Precision:
@@ -127,7 +159,8 @@ class Candidate:
     parts: tuple[StaticMemory, ActivationMemory] | None = None
     time: StepTime | None = None
     built: Memory | None = None
-    _key: tuple[int, float, tuple[int, ...]] | None = None
+    tier: int = 0
+    _key: tuple[int, int, float, tuple[int, ...]] | None = None
 
     @classmethod
     def of(cls, layout: Layout, mem: Memory, fits: bool) -> Candidate:
@@ -145,9 +178,12 @@ class Candidate:
         assert self.time is not None
         return self.time.step_s
 
-    def key(self) -> tuple[int, float, tuple[int, ...]]:
+    def key(self) -> tuple[int, int, float, tuple[int, ...]]:
+        """Tier, then step time in 0.2% buckets, then memory, then simplicity: the order of the
+        runners-up. The choice itself adds the near-tie rule (`choose`)."""
         if self._key is None:
-            self._key = (round(math.log(self.step_s) / TIME_BUCKET), self.total, self.layout.simplicity())
+            self._key = (self.tier, round(math.log(self.step_s) / TIME_BUCKET), self.total,
+                         self.layout.simplicity())
         return self._key
 
 
@@ -166,6 +202,17 @@ class SearchResult:
     pruned_dimensions: set[tuple[str, object]] = field(default_factory=set)
     evaluated: int = 0
     invalid_reasons: dict[str, int] = field(default_factory=dict)
+    timed: list[Candidate] = field(default_factory=list)  # every fitting layout that was timed
+    fastest: Candidate | None = None  # the fastest of the chosen's tier (the chosen, unless simplicity decided)
+    decided_by: list[str] = field(default_factory=list)  # "headroom", "simplicity", "gap"
+
+    def prunes(self) -> bool:
+        """Whether `best` may bound the search: only a tier-0 best (nothing in a later tier can win)."""
+        return self.best is not None and self.best.tier == 0
+
+    def invalid_because(self, reason: str, count: int = 1) -> None:
+        self.invalid += count
+        self.invalid_reasons[reason] = self.invalid_reasons.get(reason, 0) + count
 
 
 def resolve(spec: TrainingSpec) -> Context:
@@ -192,6 +239,18 @@ def resolve(spec: TrainingSpec) -> Context:
     if problems:
         raise InvalidSpec(problems)
     return Context(spec=spec, shape=shape, cluster=cluster)
+
+
+def runnable_pin_problems(pins: LayoutPins, precision: str) -> list[FieldProblem]:
+    """Pinned combinations the runtime cannot apply (`runnable`, the runtime's own rules): `plan`
+    refuses them; `estimate` still evaluates such a layout (a published run, a what-if) and warns."""
+    pinned = sharding_problems(
+        tp=pins.tp or 1, pp=pins.pp or 1, sharding=pins.sharding or "fsdp", dp=1, dp_shard=1,
+        sequence_parallel=bool(pins.sequence_parallel) and pins.tp is not None, precision=precision, cp=1,
+        attention="flash") if pins.sharding != "hsdp" else []
+    if pins.sharding is not None:
+        pinned += offload_problems(sharding=pins.sharding, offload=pins.offload or "none")
+    return [FieldProblem(loc=("layout", p.field), message=p.message) for p in pinned]
 
 
 def _pin_problems(pins: LayoutPins, shape: ModelShape, cluster: Cluster, batch: int,
@@ -278,25 +337,45 @@ def _meshes(ctx: Context, pins: LayoutPins, result: SearchResult, deadline: Dead
                 yield Mesh(dp=dp, tp=tp, pp=pp, cp=cp)
 
 
-def _shardings(ctx: Context, pins: LayoutPins, dp: int, tp: int, cp: int) -> list[tuple[Sharding, int]]:
-    """(sharding, dp_shard) options for a mesh."""
+def _shardings(ctx: Context, pins: LayoutPins, mesh: Mesh, result: SearchResult) -> list[tuple[Sharding, int]]:
+    """(sharding, dp_shard) options for a mesh that the runtime can apply (`runnable.sharding_problems`).
+
+    On a single data-parallel rank every sharding is DDP, except that FSDP is kept as the carrier of
+    `offload=params` (70B on one GPU); `_offloads` then gives it nothing else.
+    """
+    dp, tp, pp, cp = mesh
     names: list[Sharding]
     if pins.sharding is not None:
         names = [pins.sharding]
     elif dp * cp == 1:
-        names = ["ddp"]
+        if tp > 1:
+            names = ["fsdp"]  # DDP does not take tensor-parallel parameters; FSDP2 on one rank wraps nothing
+        elif pins.offload in (None, "params"):
+            names = ["ddp", "fsdp"]  # FSDP as the carrier of offload=params
+        else:
+            names = ["ddp"]
     else:
         names = ["ddp", "zero1", "zero2", "fsdp", "hsdp"]
     out: list[tuple[Sharding, int]] = []
+    reason = ""
     for name in names:
         if name == "ddp":
-            out.append((name, 1))
+            shard = 1
         elif name != "hsdp":
-            out.append((name, dp))
+            shard = dp
         else:
             shard = pins.dp_shard or ctx.cluster.gpus_per_node // (tp * cp)
-            if 2 <= shard < dp and dp % shard == 0:
-                out.append((name, shard))
+            if not (2 <= shard < dp and dp % shard == 0):
+                continue
+        problems = sharding_problems(tp=tp, pp=pp, sharding=name, dp=dp, dp_shard=shard,
+                                     sequence_parallel=False, precision=ctx.precision, cp=cp,
+                                     attention=ctx.attention)
+        if problems:
+            reason = problems[0].message.split(";")[0]
+            continue
+        out.append((name, shard))
+    if not out:
+        result.invalid_because(reason or "no sharding applies")
     return out
 
 
@@ -316,7 +395,8 @@ def _schedules(ctx: Context, pins: LayoutPins, pp: int, m: int) -> list[tuple[Pi
             continue
         chunks = [pins.virtual_stages] if pins.virtual_stages else [2, 4]
         out += [(name, v) for v in chunks if v > 1 and pp * v <= ctx.shape.layers]
-    return out
+    return [(name, v) for name, v in out if not schedule_problems(
+        pp=pp, pipeline_schedule=name, virtual_stages=v, grad_accum_steps=m, layers=ctx.shape.layers)]
 
 
 def _fits(ctx: Context, mem: Memory) -> bool:
@@ -329,21 +409,22 @@ def _evaluate(ctx: Context, layout: Layout) -> Candidate:
     mem = memory(ctx.shape, ctx.cluster, layout, precision=ctx.precision, optimizer=ctx.optimizer,
                  attention=ctx.attention)
     cand = Candidate.of(layout, mem, _fits(ctx, mem))
+    cand.tier = ctx.tier(layout, mem.total)
     cand.time = step_time(ctx.shape, ctx.cluster, layout, precision=ctx.precision,
                           optimizer=ctx.optimizer, attention=ctx.attention)
     return cand
 
 
-def _offloads(pins: LayoutPins, sharding: Sharding) -> list[Offload]:
-    """Offload options, least offload first."""
+def _offloads(pins: LayoutPins, sharding: Sharding, carrier: bool) -> list[Offload]:
+    """Offload options, least offload first: wherever offload can help, a single GPU included.
+    A `carrier` (FSDP on one rank beside DDP, see `_shardings`) only carries `offload=params`."""
     if pins.offload:
-        return [pins.offload]
-    out: list[Offload] = ["none"]
-    if sharding != "ddp":
-        out.append("optimizer")
-    if sharding in FULLY_SHARDED:
-        out.append("params")
-    return out
+        options: list[Offload] = [pins.offload]
+    elif carrier:
+        options = ["params"]
+    else:
+        options = ["none", "optimizer", "params"]
+    return [o for o in options if not offload_problems(sharding=sharding, offload=o)]
 
 
 def search(ctx: Context, pins: LayoutPins | None = None, *, timed: bool = True,
@@ -380,14 +461,20 @@ def search(ctx: Context, pins: LayoutPins | None = None, *, timed: bool = True,
         if not mbs:
             result.invalid += 1
             continue
-        for sharding, dp_shard in _shardings(ctx, pins, dp, tp, cp):
+        fitting_before_mesh = result.fitting
+        for sharding, dp_shard in _shardings(ctx, pins, mesh, result):
+            carrier = dp * cp == 1 and tp == 1 and sharding == "fsdp" and pins.sharding is None
+            if carrier and result.fitting > fitting_before_mesh and not pins.offload:
+                # DDP already fits on this single rank: offload=params cannot be preferred to it.
+                result.dominated += len(mbs) * len(ckpts)
+                continue
             for sp in sp_options:
                 if sp and tp == 1:
                     continue
                 base = Base(mesh=mesh, sharding=sharding, dp_shard=dp_shard, sequence_parallel=sp)
                 # Model states per offload option; those that alone exceed the GPU or the host are left out.
                 statics: dict[Offload, StaticMemory] = {}
-                for off in _offloads(pins, sharding):
+                for off in _offloads(pins, sharding, carrier):
                     static = static_memory(ctx.shape, ctx.cluster, base.layout(offload=off), precision=ctx.precision,
                                            optimizer=ctx.optimizer)
                     result.evaluated += 1
@@ -417,7 +504,8 @@ def search(ctx: Context, pins: LayoutPins | None = None, *, timed: bool = True,
                         result.invalid += 1
                         continue
                     fwd: ForwardTimes | None = None  # looked up once per micro-batch, when first needed
-                    if timed and result.best is not None:
+                    if timed and result.prunes():
+                        assert result.best is not None
                         fwd = _forward(ctx, forwards, base, b)
                         least_bubble = (pp - 1) / max(v for _, v in schedules) if pp > 1 else 0.0
                         floor = (m + least_bubble) * 3 * (fwd.layers * fwd.layer_f + fwd.head_f)
@@ -476,7 +564,7 @@ def search(ctx: Context, pins: LayoutPins | None = None, *, timed: bool = True,
                                     continue
                                 if fwd is None:
                                     fwd = _forward(ctx, forwards, base, b)
-                                if result.best is not None and _time_floor(
+                                if result.prunes() and result.best is not None and _time_floor(
                                         fwd, ckpt, ctx.attention, grad_accum_steps=m, pp=pp, virtual_stages=v,
                                 ) > PRUNE_FACTOR * result.best.step_s:
                                     # Too slow to be chosen or shown: not timed further.
@@ -485,14 +573,39 @@ def search(ctx: Context, pins: LayoutPins | None = None, *, timed: bool = True,
                                     continue
                                 layout = base.layout(micro_batch=b, grad_accum_steps=m, activation_checkpointing=ckpt,
                                                      pipeline_schedule=schedule, virtual_stages=v, offload=off)
-                                cand = Candidate(layout=layout, fits=True, total=total, parts=(static, acts))
+                                cand = Candidate(layout=layout, fits=True, total=total, parts=(static, acts),
+                                                 tier=ctx.tier(layout, total))
                                 _rank(ctx, cand, result, fwd, static)
                     if not any_fit_at_b and not pins.micro_batch and pins.pipeline_schedule != "gpipe":
                         # Activations only grow with the micro-batch: larger ones cannot fit either.
                         skipped = len([x for x in mbs if x > b])
                         result.out_of_memory += skipped * len(schedules) * len(ckpts) * len(offs)
                         break
+    if timed and not stop_at_first_fit:
+        choose(ctx, result)
     return result
+
+
+def choose(ctx: Context, result: SearchResult) -> None:
+    """Pick the plan among the timed fitting layouts (see the module doc): the best tier, then the
+    simplest layout within `SIMPLER_WITHIN` of that tier's fastest. Sets `best`, `fastest` and
+    `decided_by` (what made the choice differ from the plain fastest layout)."""
+    if not result.timed:
+        return
+    tier = min(c.tier for c in result.timed)
+    pool = [c for c in result.timed if c.tier == tier]
+    fastest = min(pool, key=lambda c: (c.step_s, c.total, c.layout.simplicity()))
+    near = [c for c in pool if c.step_s <= fastest.step_s * (1 + SIMPLER_WITHIN)]
+    chosen = min(near, key=lambda c: (c.layout.simplicity(), c.step_s, c.total))
+    result.best, result.fastest = chosen, fastest
+    decided: list[str] = []
+    if tier >= 2:
+        decided.append("gap")
+    if any(c.tier == tier + 1 and c.step_s < chosen.step_s for c in result.timed):
+        decided.append("headroom")
+    if chosen is not fastest and chosen.step_s > fastest.step_s * (1 + 1e-9):
+        decided.append("simplicity")
+    result.decided_by = decided
 
 
 def _forward(ctx: Context, cache: dict[tuple[int, ...], ForwardTimes], base: Base, b: int) -> ForwardTimes:
@@ -535,6 +648,7 @@ def _rank(ctx: Context, cand: Candidate, result: SearchResult, forward: ForwardT
     cand.time = step_time(ctx.shape, ctx.cluster, cand.layout, precision=ctx.precision,
                           optimizer=ctx.optimizer, attention=ctx.attention, forward=forward,
                           stages=static.stages)
+    result.timed.append(cand)
     key = cand.key()
     if result.best is None or key < result.best.key():
         result.best = cand

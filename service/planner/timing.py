@@ -1,9 +1,14 @@
 """Step time of one layout: compute, recompute, exposed communication, pipeline bubble, optimizer, offload.
 
-FLOP convention (`FLOP_CONVENTION`): 6 x (matmul parameters: every layer plus the output layer,
-not the embedding lookup) x tokens + 12 x layers x hidden x seq x tokens for attention scores,
-non-causal, without recompute. This is torchtitan's MFU convention and, for a GPT, exactly
-Korthikanti et al. Eq. 7: 72 B L s h^2 (1 + s/6h + V/12hL).
+FLOP convention (`FLOP_CONVENTION`), one for FLOPs, MFU and time: 6 x (matmul parameters: every
+layer plus the output layer, not the embedding lookup) x tokens + 6 x layers x hidden x seq x tokens
+for attention scores, that is causal attention counted at half the full-attention FLOPs (the
+decoder's mask leaves half the score matrix unused), without recompute. This is convention (b) of
+planner-formulas.md §4.4 (NeMo since 2025-08, Megatron-Bridge 25.09+); torchtitan and Korthikanti
+Eq. 7 count the attention term in full (12 x ...), which overstates MFU at long sequences. The time
+model charges the same causal half for flash attention, whose kernels skip the masked blocks;
+eager attention computes the whole masked square, so its kernel time is twice the attention FLOPs
+it is credited with (eager runs show a lower MFU, which is the truth).
 
 Communication uses a latency + bandwidth model per collective (ring volumes, tree latency) on the
 fabric the group crosses: NVLink when the group's ranks sit in one node, the network otherwise.
@@ -29,9 +34,14 @@ from service.planner.models import ModelShape
 from service.spec import Optimizer, Precision
 
 FLOP_CONVENTION = (
-    "6 x matmul params (layers + output layer, no embedding lookup) x tokens + 12 x layers x hidden"
-    " x seq x tokens (attention, non-causal); recompute excluded (torchtitan; Korthikanti Eq. 7)"
+    "6 x matmul params (layers + output layer, no embedding lookup) x tokens + 6 x layers x hidden"
+    " x seq x tokens (causal attention counted at half the full-attention FLOPs); recompute excluded"
+    " (NeMo/Megatron-Bridge convention; the step time charges flash attention the same causal half)"
 )
+# The share of the full s x s attention FLOPs a causal decoder is credited with (FLOPs, MFU) and a
+# flash kernel spends (time); eager attention spends the full square (`ATTENTION_KERNEL_SHARE`).
+CAUSAL_ATTENTION_SHARE = 0.5
+ATTENTION_KERNEL_SHARE: dict[str, float] = {"flash": CAUSAL_ATTENTION_SHARE, "eager": 1.0}
 COMM_EFFICIENCY = 0.8
 DDP_BUCKET_BYTES = 25 * 2**20
 KERNELS_PER_LAYER = 25
@@ -42,14 +52,15 @@ OPTIMIZER_STEP_BYTES: dict[str, int] = {"adamw": 28, "adam": 28, "sgd": 20, "ada
 def model_flops_per_step(shape: ModelShape, global_batch: int) -> float:
     """Model FLOPs of one optimizer step under `FLOP_CONVENTION`."""
     tokens = global_batch * shape.seq_len
-    return 6 * shape.matmul_params * tokens + 12 * shape.layers * shape.hidden * shape.seq_len * tokens
+    attention = CAUSAL_ATTENTION_SHARE * 12 * shape.layers * shape.hidden * shape.seq_len * tokens
+    return 6 * shape.matmul_params * tokens + attention
 
 
 def recompute_flops_per_step(shape: ModelShape, global_batch: int, checkpointing: str, attention: str) -> float:
     """Extra forward FLOPs that activation checkpointing spends (full: every layer; selective: the
-    attention core, only stored when attention is eager)."""
+    attention core, only stored when attention is eager), counted under `FLOP_CONVENTION`."""
     tokens = global_batch * shape.seq_len
-    core = 4 * shape.layers * shape.hidden * shape.seq_len * tokens
+    core = CAUSAL_ATTENTION_SHARE * 4 * shape.layers * shape.hidden * shape.seq_len * tokens
     if checkpointing == "full":
         return 2 * shape.layers * shape.layer_matmul_params * tokens + core
     if checkpointing == "selective" and attention == "eager":
@@ -131,7 +142,7 @@ def forward_times(shape: ModelShape, cluster: Cluster, layout: Layout, *, precis
     peak = gpu.peak_tflops[precision] * 1e12
     attn_peak = gpu.peak_tflops.get("bf16" if precision == "fp8" else precision, peak / 1e12) * 1e12
     eff = _efficiency(cluster, tokens, shape.hidden / t)
-    causal = 0.5 if attention == "flash" else 1.0
+    causal = ATTENTION_KERNEL_SHARE[attention]
     mm_f = 2 * tokens * shape.layer_matmul_params / t / (peak * eff)
     attn_f = causal * 4 * b * s_loc * shape.seq_len * shape.hidden / t / (attn_peak * eff)
     act_bytes = layer_activation_bytes(

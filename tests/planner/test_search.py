@@ -68,10 +68,13 @@ def test_search_finds_the_same_best_step_time_as_brute_force() -> None:
     assert chosen.layout.sharding != "ddp"  # the states do not fit unsharded
 
 
-def test_the_chosen_layout_is_at_least_as_fast_as_every_alternative() -> None:
+def test_an_alternative_faster_than_the_chosen_layout_says_what_decided() -> None:
     p = plan(make_spec())
     assert p.fits and p.alternatives
-    assert all(alt.step_s >= p.time.step_s * 0.998 for alt in p.alternatives)
+    for alt in p.alternatives:
+        if alt.step_s < p.time.step_s * 0.9995:
+            assert ("near-tie" in alt.why_not or "minimum free" in alt.why_not
+                    or "does not have yet" in alt.why_not), alt.why_not
     assert all(alt.fits for alt in p.alternatives)
     assert p.rejected.slower >= len(p.alternatives)
     assert p.explanation[0].startswith(p.layout.short())
@@ -82,8 +85,8 @@ def test_a_plan_is_deterministic() -> None:
 
 
 def test_layout_pins_are_respected() -> None:
-    p = plan(make_spec(layout={"tp": 2, "sharding": "zero1", "activation_checkpointing": "full"}))
-    assert (p.layout.tp, p.layout.sharding, p.layout.activation_checkpointing) == (2, "zero1", "full")
+    p = plan(make_spec(layout={"tp": 2, "sharding": "zero2", "activation_checkpointing": "full"}))
+    assert (p.layout.tp, p.layout.sharding, p.layout.activation_checkpointing) == (2, "zero2", "full")
     assert p.layout.sequence_parallel  # SP is free with TP: searched on
     assert all(a.layout.tp == 2 for a in p.alternatives)
 
@@ -111,7 +114,7 @@ def test_rubric_places_the_run() -> None:
     assert plan(make_spec(model={"preset": "llama-tiny"}, training={"global_batch": 8})).rubric.startswith(
         "DDP fits")
     rubric_13b = plan(make_spec(model={"preset": "llama-2-13b"}, resources={"gpu": "A100-SXM-80GB"})).rubric
-    assert rubric_13b.startswith("DDP does not fit (model states 208.3 GB")
+    assert rubric_13b.startswith("DDP does not fit (model states 194.0 GiB")  # 208.3 GB = 16 B x 13.0B
     rubric_405b = plan(make_spec(model={"preset": "llama-3.1-405b"}, resources={"nodes": 128},
                                  training={"global_batch": 512})).rubric
     assert rubric_405b.startswith("Needs tensor or pipeline parallelism")

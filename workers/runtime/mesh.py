@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from service.planner import Layout
+from service.planner.runnable import runtime_gaps
 from workers.runtime.errors import UnsupportedLayout, WorldMismatch
 
 
@@ -105,8 +106,9 @@ def build_mesh(layout: Layout, device: torch.device) -> Mesh:
     if world != layout.world_size:
         raise WorldMismatch(f"the plan needs dp*tp*pp*cp = {layout.dp}*{layout.tp}*{layout.pp}*{layout.cp}"
                             f" = {layout.world_size} processes, but {world} were launched")
-    if layout.cp > 1:
-        raise UnsupportedLayout("cp", "context parallelism is not implemented by the runtime yet")
+    for problem in runtime_gaps(layout, precision="fp32"):
+        if problem.field == "cp":  # a mesh cannot be built without it (the rest: `check_supported`)
+            raise UnsupportedLayout(problem.field, problem.message)
     dims = dims_for(layout)
     # HSDP needs both of its dimensions in the mesh, even a trivial one.
     real = [(n, s) for n, s in dims if s > 1 or n in ("dp_replicate", "dp_shard")]

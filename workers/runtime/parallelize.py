@@ -56,6 +56,8 @@ from torch.distributed.tensor.parallel import (
 from torch.nn.parallel import DistributedDataParallel
 
 from service.planner import Layout, Plan
+from service.planner.models import ModelShape
+from service.planner.runnable import runtime_problems
 from workers.runtime.errors import UnsupportedLayout
 from workers.runtime.mesh import Mesh
 from workers.runtime.model import Block, Decoder, keep_stage
@@ -71,25 +73,16 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
-def check_supported(layout: Layout, precision: str, device: torch.device) -> None:
-    """Raise `UnsupportedLayout` for what the runtime cannot apply (checked before building anything)."""
-    if layout.cp > 1:
-        raise UnsupportedLayout("cp", "context parallelism is not implemented by the runtime yet")
-    if layout.offload != "none":
-        raise UnsupportedLayout("offload", f"offload={layout.offload} is not implemented by the runtime yet")
-    if precision == "fp8":
-        raise UnsupportedLayout("precision", "fp8 training is not implemented (training.precision: fp8)")
-    if precision == "fp16" and layout.pp > 1:
-        raise UnsupportedLayout("pp", "fp16 loss scaling with pipeline parallelism is not implemented; use bf16")
-    if layout.tp > 1 and layout.sharding in ("ddp", "zero1"):
-        raise UnsupportedLayout("sharding", f"sharding={layout.sharding} with tp={layout.tp}: DDP does not take"
-                                " DTensor parameters; use sharding fsdp (or zero2) with tensor parallelism")
-    if layout.sharding == "zero1" and layout.pp > 1:
-        raise UnsupportedLayout("sharding", "zero1 with pp > 1 is not implemented; use ddp or fsdp with pipelines")
-    if layout.sequence_parallel and layout.tp == 1:
-        raise UnsupportedLayout("sequence_parallel", "sequence parallelism needs tp > 1")
-    if layout.pp > 1 and layout.pipeline_schedule not in ("1f1b", "gpipe", "interleaved"):
-        raise UnsupportedLayout("pipeline_schedule", f"unknown schedule {layout.pipeline_schedule!r}")
+def check_supported(layout: Layout, precision: str, device: torch.device, shape: ModelShape | None = None,
+                    attention: str = "flash") -> None:
+    """Raise `UnsupportedLayout` for what the runtime cannot apply (checked before building anything).
+
+    The rules live in `service.planner.runnable` (no torch), which the planner's search uses too:
+    the first problem `runtime_problems` finds is raised, naming the field and the fix.
+    """
+    problems = runtime_problems(layout, precision=precision, attention=attention, shape=shape)
+    if problems:
+        raise UnsupportedLayout(problems[0].field, problems[0].message)
 
 
 @dataclass
@@ -371,7 +364,8 @@ def apply_plan(model: nn.Module, plan: Plan, mesh: Mesh, *, device: torch.device
     """
     layout = plan.layout
     precision = plan.precision.compute
-    check_supported(layout, precision, device)
+    check_supported(layout, precision, device, plan.shape,
+                    plan.training.attention if plan.training is not None else "flash")
     is_decoder = isinstance(model, Decoder)
     if not is_decoder and layout.tp > 1:
         raise UnsupportedLayout("tp", "tensor parallelism needs the reference Decoder (or your own TP plan)")
