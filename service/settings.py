@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
@@ -43,7 +44,10 @@ class Settings(BaseSettings):
     max_trace_bytes: int = Field(512 << 20, gt=0, description="Largest trace file one upload may carry.")
     max_trace_events: int = Field(4_000_000, gt=0, description="Complete events analysed per rank (bounds memory).")
     events_poll_s: float = 0.5
-    public_url: str = Field("http://127.0.0.1:8686", description="Where jobs reach the API for callbacks.")
+    public_url: str = Field("http://127.0.0.1:8686", description="Where jobs reach the API for callbacks. Unset,"
+                            " `shardctl serve --with-dispatcher` uses its own --host and --port (this machine's"
+                            " hostname when --host is a wildcard such as 0.0.0.0); set it behind a proxy or a"
+                            " Service.")
     dispatcher_interval_s: float = 1.0
     dispatcher_lease_s: float = 60.0
     dispatcher_batch: int = 16
@@ -88,6 +92,42 @@ class Settings(BaseSettings):
         None, ge=0, le=65535, description="When set, `shardctl worker` serves its own Prometheus metrics (queue"
         " wait, attempts and failures, cycle time, deliveries) on this port; unset, it serves none.")
     dispatcher_metrics_host: str = Field("127.0.0.1", description="Interface of the dispatcher's metrics port.")
+    # Running as a server (docs/server.md).
+    shutdown_grace_s: float = Field(20.0, gt=0, le=3600, description="On SIGTERM, how long serve lets requests"
+                                    " in flight finish and `serve --with-dispatcher` or `worker` lets the current"
+                                    " dispatcher cycle end, before it stops anyway (leases it still holds are"
+                                    " given back). Keep it under the supervisor's own kill timeout.")
+    bootstrap_admin_token: SecretStr | None = Field(
+        None, description="When set, serve makes sure an admin token with exactly this value exists (idempotent;"
+        " never logged). Its form is a shardctl token, shc_<id>_<secret>: id 8 to 32 letters and digits, secret"
+        " 32 to 200 of [A-Za-z0-9_-]; e.g. python -c \"import secrets; print('shc_' + secrets.token_hex(8) + '_'"
+        " + secrets.token_urlsafe(32))\".")
+    forwarded_auth: bool = Field(False, description="Trust user and group headers from an authenticating proxy"
+                                 " (oauth2-proxy...) at the addresses in forwarded_trusted_proxies. Off: those"
+                                 " headers are ignored entirely.")
+    forwarded_user_header: str = Field("X-Forwarded-User", min_length=1, description="The proxy's user header.")
+    forwarded_groups_header: str = Field("X-Forwarded-Groups", min_length=1, description="The proxy's groups"
+                                         " header (comma-separated group names).")
+    forwarded_trusted_proxies: list[str] = Field(
+        default_factory=list, description="Addresses or CIDRs of the proxies whose forwarded headers are trusted,"
+        " e.g. '[\"10.0.0.0/8\", \"127.0.0.1\"]'. A request from any other address has its forwarded headers"
+        " ignored.")
+    forwarded_admin_groups: list[str] = Field(default_factory=list, description="Groups whose forwarded users act"
+                                              " as admin.")
+    forwarded_team_groups: dict[str, str] = Field(
+        default_factory=dict, description="group -> team: a forwarded user in one of these groups is a member"
+        " of that team (created on first use), e.g. '{\"ml-vision\": \"vision\"}'.")
+
+    @field_validator("forwarded_trusted_proxies")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        for item in value:
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"forwarded_trusted_proxies: {item!r} is not an IP address or CIDR"
+                                 " (e.g. 10.0.0.0/8, 127.0.0.1)") from None
+        return value
 
     @field_validator("log_level", mode="before")
     @classmethod

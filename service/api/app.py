@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Literal
+from urllib.parse import parse_qsl
 
 import anyio.to_thread
 from fastapi import FastAPI, params
@@ -35,13 +36,14 @@ from service.api.deps import (
     Unstorable,
     bearer,
     bearer_secret,
+    forwarded_identity,
     get_principal,
     parse_storable_json,
     require_admin,
     require_person,
     require_reporter,
 )
-from service.api.errors import RouteEntry, routes_of
+from service.api.errors import ApiError, RouteEntry, routes_of
 from service.api.logs_source import LogReader
 from service.api.metrics import make_metrics
 from service.api.routers import events, health, jobs, logs, plans, profiles, teams, tokens, webhooks
@@ -195,6 +197,16 @@ class RequestGate:
                 return entry, needs
         return None
 
+    def _forwarded(self, scope: Scope, headers: Headers, secret: str | None) -> Principal | None:
+        """The principal an authenticating proxy names, when forwarded identity is on (`deps.forwarded_identity`)."""
+        settings: Settings = self.api.state.settings
+        if not settings.forwarded_auth:
+            return None
+        client = scope.get("client")
+        query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+        return forwarded_identity(settings, self.api.state.sessions, headers, query,
+                                  client[0] if client else None, secret)
+
     def _authenticate(self, secret: str) -> Principal | None:
         with self.api.state.sessions.begin() as session:
             return authenticate(session, secret, job_token_grace_s=self.api.state.settings.job_token_grace_s)
@@ -237,7 +249,12 @@ class RequestGate:
         scope[ROUTE_SCOPE_KEY] = entry.path  # the latency metric's label for a request refused here
         if needs.token:
             secret = bearer_secret(headers.get("authorization"))
-            principal = await anyio.to_thread.run_sync(self._authenticate, secret) if secret else None
+            try:
+                principal = await anyio.to_thread.run_sync(self._forwarded, scope, headers, secret)
+            except ApiError as exc:
+                return errors.error_response(exc.status, exc.code, exc.message, headers=exc.headers), receive
+            if principal is None and secret:
+                principal = await anyio.to_thread.run_sync(self._authenticate, secret)
             if principal is None:
                 return errors.error_response(401, "unauthorized", BAD_TOKEN if secret else MISSING_TOKEN,
                                              headers=UNAUTHORIZED_HEADERS), receive

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
@@ -13,6 +14,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.api.errors import ApiError
+from service.api.forwarded import TEAM_HEADER, ForwardedRefused, forwarded_principal, is_shardctl_token, read_forwarded
+from service.settings import Settings
 from service.spec import field_path
 from service.store.tokens import Principal, authenticate
 
@@ -40,11 +43,46 @@ def bearer_secret(authorization: str | None) -> str | None:
     return credentials if scheme.lower() == "bearer" and credentials else None
 
 
+STREAM_NEEDS_TOKEN = ("a live stream needs a shardctl bearer token (it checks the token again on every poll):"
+                      " send 'Authorization: Bearer shc_...' (shardctl token create)")
+
+
+def _wants_stream(headers: Mapping[str, str], query: Mapping[str, str]) -> bool:
+    return "text/event-stream" in headers.get("accept", "") or any(
+        query.get(flag, "").lower() in ("true", "1", "yes", "on") for flag in ("stream", "follow"))
+
+
+def forwarded_identity(settings: Settings, sessions: sessionmaker[Session], headers: Mapping[str, str],
+                       query: Mapping[str, str], client_host: str | None, secret: str | None) -> Principal | None:
+    """The principal an authenticating proxy names (`service.api.forwarded`), or None: forwarded identity
+    is off, the peer is not a trusted proxy, no user header came, or a shardctl token came (it wins).
+    Raises `ApiError` (400, 401 for a live stream, 403) when the proxy names a user who may not act."""
+    if not settings.forwarded_auth or is_shardctl_token(secret):
+        return None
+    try:
+        who = read_forwarded(settings, headers, client_host)
+        if who is None:
+            return None
+        if _wants_stream(headers, query):
+            raise ApiError(401, "unauthorized", STREAM_NEEDS_TOKEN, headers=UNAUTHORIZED_HEADERS)
+        return forwarded_principal(settings, sessions, who, (headers.get(TEAM_HEADER) or "").strip() or None)
+    except ForwardedRefused as exc:
+        raise ApiError(exc.status, "forbidden" if exc.status == 403 else "bad_request", exc.message) from None
+
+
 def get_principal(request: Request, db: Db,
                   credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Principal:
     known = request.scope.get(PRINCIPAL_SCOPE_KEY)
     if isinstance(known, Principal):  # the request gate checked this request's token already
         return known
+    settings: Settings = request.app.state.settings
+    if settings.forwarded_auth:
+        forwarded = forwarded_identity(settings, db, request.headers, request.query_params,
+                                       request.client.host if request.client else None,
+                                       credentials.credentials if credentials else None)
+        if forwarded is not None:
+            request.scope[PRINCIPAL_SCOPE_KEY] = forwarded
+            return forwarded
     if credentials is None:
         raise ApiError(401, "unauthorized", MISSING_TOKEN, headers=UNAUTHORIZED_HEADERS)
     with db.begin() as session:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -89,52 +90,116 @@ def announce(settings: Settings, markup: str) -> None:
         err.print(markup, soft_wrap=True, highlight=False)
 
 
+def _store(settings: Settings, *, migrate: bool = True) -> wiring.Sessions:
+    """`wiring.open_store`, or the one line that says why the database cannot be opened, and exit 1."""
+    try:
+        return wiring.open_store(settings, migrate=migrate)
+    except wiring.StoreUnavailable as exc:
+        print_error(err, str(exc))
+        raise typer.Exit(EXIT_ERROR) from None
+
+
+def _load_pools(settings: Settings, sessions: wiring.Sessions) -> None:
+    """`wiring.load_pools` (SHARDCTL_POOLS_FILE), or the file's problem in one line, and exit 1."""
+    from service.scheduling.config_file import PoolsFileError
+
+    try:
+        wiring.load_pools(settings, sessions)
+    except (PoolsFileError, ValueError) as exc:
+        print_error(err, f"SHARDCTL_POOLS_FILE: {exc}")
+        raise typer.Exit(EXIT_ERROR) from None
+
+
+def _sigterm_sets(stop: threading.Event) -> None:
+    """SIGTERM (systemd, Kubernetes) sets `stop`, as Ctrl-C would: the process ends its work and exits 0."""
+    import signal as signals
+
+    signals.signal(signals.SIGTERM, lambda *_: stop.set())
+
+
 def serve(host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
           port: Annotated[int, typer.Option(help="TCP port.")] = 8686,
           with_dispatcher: Annotated[bool, typer.Option(
-              "--with-dispatcher", help="Also run the dispatcher in this process (the embedded default).")] = False,
+              "--with-dispatcher", help="Also run the dispatcher in this process (the embedded default). With"
+              " --workers N it runs once, in the parent process, beside the N API workers.")] = False,
+          workers: Annotated[int, typer.Option(
+              "--workers", min=1, max=64, help="API worker processes (more than 1 needs PostgreSQL).")] = 1,
           ) -> None:
     """Migrate the database and run the API. On an empty database, create a first admin token and save
-    it in the CLI config file (mode 0600), whose path is printed."""
+    it in the CLI config file (mode 0600), whose path is printed (or, with SHARDCTL_BOOTSTRAP_ADMIN_TOKEN,
+    make sure that admin token exists). On SIGTERM: stop accepting, finish the requests in flight (at
+    most SHARDCTL_SHUTDOWN_GRACE_S), stop the dispatcher, give back its leases, exit 0 (docs/server.md)."""
     import uvicorn
 
     settings = Settings()
     configure_logging(settings.log_format, settings.log_level)
-    sessions = wiring.open_store(settings)
-    url = f"http://{host}:{port}"
-    if wiring.needs_first_admin(sessions):
+    if workers > 1 and settings.resolved_database_url.startswith("sqlite"):
+        print_error(err, f"--workers {workers} needs PostgreSQL: SQLite takes its one write lock for every"
+                    " transaction, so more processes only queue behind it; set SHARDCTL_DATABASE_URL="
+                    "postgresql+psycopg://USER:PASSWORD@HOST:5432/DB, or serve with --workers 1")
+        raise typer.Exit(EXIT_ERROR)
+    sessions = _store(settings)
+    url, chosen = wiring.resolve_public_url(settings, host, port)
+    if settings.bootstrap_admin_token is not None:
+        try:
+            state = wiring.ensure_bootstrap_admin(sessions, settings.bootstrap_admin_token.get_secret_value())
+        except wiring.BootstrapRefused as exc:
+            print_error(err, str(exc))
+            raise typer.Exit(EXIT_ERROR) from None
+        if state == "revoked":
+            announce(settings, "[yellow]SHARDCTL_BOOTSTRAP_ADMIN_TOKEN names a revoked token: it stays revoked;"
+                     " unset it, or set a new one[/]")
+    elif wiring.needs_first_admin(sessions):
         # The token goes to the CLI config (created 0600), never to stderr: a server's stderr ends up in
         # journals and log collectors that other people read.
         secret = wiring.bootstrap_admin(sessions, "first admin (serve)")
-        path = write_config(url=url, token=secret)
+        path = write_config(url=wiring.local_url(host, port), token=secret)
         announce(settings, f"[bold]First start: an admin token was created and saved to {path}[/] (mode 0600;"
                  " the CLI of this user on this machine uses it; read its \"token\" field to use it elsewhere)")
-    announce(settings, f"shardctl API on {url} (database: {settings.resolved_database_url.split('@')[-1]})")
+    _load_pools(settings, sessions)
+    database = wiring.database_place(settings.resolved_database_url)
+    announce(settings, f"shardctl API on http://{host}:{port} ({workers} worker{'s' if workers > 1 else ''};"
+             f" database: {database}); jobs call back on {url}" + (f" ({chosen})" if chosen else ""))
     backends = wiring.make_backends(settings)
     stop = threading.Event()
+    _sigterm_sets(stop)  # uvicorn takes SIGTERM while it serves and raises it again here once it has stopped
+    dispatcher_thread = None
     if with_dispatcher:
         dispatcher = wiring.make_dispatcher(settings, sessions, backends, public_url=url)
-        thread = threading.Thread(target=dispatcher.run_forever, args=(stop, settings.dispatcher_interval_s),
-                                  daemon=True, name="dispatcher")
-        thread.start()
+        dispatcher_thread = threading.Thread(target=dispatcher.run_forever, args=(stop, settings.dispatcher_interval_s),
+                                             daemon=True, name="dispatcher")
+        dispatcher_thread.start()
         wiring.start_notifier(settings, sessions, stop)  # webhook deliveries, on their own threads
-        announce(settings, f"dispatcher running in this process (backends: {', '.join(sorted(backends))})")
+        announce(settings, f"dispatcher {dispatcher.config.owner} running in this process (backends:"
+                 f" {', '.join(sorted(backends))})")
+    # Our access log (service.api.access_log) replaces uvicorn's; uvicorn's own lines go through ours.
+    # No proxy-header rewriting: the client address stays the TCP peer, which forwarded identity checks.
+    options: dict[str, Any] = dict(host=host, port=port, log_level="warning", log_config=None, access_log=False,
+                                   proxy_headers=False,
+                                   timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)))
     try:
-        # Our access log (service.api.access_log) replaces uvicorn's; uvicorn's own lines go through ours.
-        uvicorn.run(wiring.make_app(settings, sessions, backends, public_url=url), host=host, port=port,
-                    log_level="warning", log_config=None, access_log=False)
+        if workers == 1:
+            uvicorn.run(wiring.make_app(settings, sessions, backends, public_url=url, load=False), **options)
+        else:
+            os.environ["SHARDCTL_PUBLIC_URL"] = url  # what each worker's app previews and tells jobs
+            uvicorn.run("service.cli.wiring:app_factory", factory=True, workers=workers, **options)
     finally:
         stop.set()
+        if dispatcher_thread is not None:
+            released = wiring.stop_dispatcher(sessions, dispatcher.config.owner, stop, dispatcher_thread,
+                                              settings.shutdown_grace_s)
+            announce(settings, f"dispatcher stopped; {released} leased job(s) given back to the queue")
 
 
 def worker(once: Annotated[bool, typer.Option("--once", help="Run one cycle and exit.")] = False) -> None:
     """Run the dispatcher: lease queued jobs, submit them, keep their status true. Run any number of
-    replicas against PostgreSQL."""
-    import signal as signals
-
+    replicas against PostgreSQL. On SIGTERM: let the current cycle end (at most SHARDCTL_SHUTDOWN_GRACE_S),
+    give back the jobs it leased and did not submit, exit 0."""
     settings = Settings()
     configure_logging(settings.log_format, settings.log_level)
-    dispatcher = wiring.make_dispatcher(settings, wiring.open_store(settings), wiring.make_backends(settings))
+    sessions = _store(settings)
+    _load_pools(settings, sessions)
+    dispatcher = wiring.make_dispatcher(settings, sessions, wiring.make_backends(settings))
     if once:
         report = dispatcher.run_once()
         notifier = wiring.make_notifier(settings, dispatcher.sessions)  # deliver what is due, then exit
@@ -144,18 +209,27 @@ def worker(once: Annotated[bool, typer.Option("--once", help="Run one cycle and 
                                 "transitions": report.transitions, "unreachable": report.unreachable}))
         return
     stop = threading.Event()
-    signals.signal(signals.SIGTERM, lambda *_: stop.set())
-    announce(settings, f"dispatcher {dispatcher.config.owner} on {settings.resolved_database_url.split('@')[-1]}")
+    _sigterm_sets(stop)
+    announce(settings, f"dispatcher {dispatcher.config.owner} on"
+             f" {wiring.database_place(settings.resolved_database_url)}")
     if settings.dispatcher_metrics_port is not None:
         server = serve_metrics(counters.REGISTRY, host=settings.dispatcher_metrics_host,
                                port=settings.dispatcher_metrics_port, team_labels=settings.metrics_team_labels)
         announce(settings, f"dispatcher metrics on http://{settings.dispatcher_metrics_host}:{server.server_port}"
                  "/metrics")
     wiring.start_notifier(settings, dispatcher.sessions, stop)  # webhook deliveries, on their own threads
+    thread = threading.Thread(target=dispatcher.run_forever, args=(stop, settings.dispatcher_interval_s),
+                              daemon=True, name="dispatcher")
+    thread.start()
     try:
-        dispatcher.run_forever(stop, settings.dispatcher_interval_s)
+        while not stop.wait(0.5):  # the main thread waits, so that signals reach it
+            if not thread.is_alive():
+                break
     except KeyboardInterrupt:
-        stop.set()
+        pass
+    released = wiring.stop_dispatcher(sessions, dispatcher.config.owner, stop, thread, settings.shutdown_grace_s)
+    announce(settings, f"dispatcher {dispatcher.config.owner} stopped; {released} leased job(s) given back to"
+             " the queue")
 
 
 @token_app.command("create")
@@ -171,7 +245,7 @@ def token_create(
     start) and saves the token in the CLI config; otherwise an admin token calls the API."""
     try:
         if admin:
-            secret = wiring.bootstrap_admin(wiring.open_store(Settings()), name or "admin (cli)")
+            secret = wiring.bootstrap_admin(_store(Settings()), name or "admin (cli)")
             write_config(url=api_url(), token=secret)
             data: dict[str, Any] = {"token": secret}
         else:
@@ -239,12 +313,10 @@ def team_list(as_json: JsonOpt = False) -> None:
 def db_upgrade() -> None:
     """Apply every migration to the database SHARDCTL_DATABASE_URL names (default: the SQLite file)."""
     from service.store import migrate
-    from service.store.db import private_sqlite_file
 
-    url = Settings().resolved_database_url
-    private_sqlite_file(url)  # a new SQLite file is created 0600 before the migrations open it
-    migrate.upgrade(url)
-    console.out(f"database at revision {migrate.current_revision(url)}")
+    settings = Settings()
+    _store(settings).kw["bind"].dispose()  # migrates (a new SQLite file is created 0600 first), or one line why not
+    console.out(f"database at revision {migrate.current_revision(settings.resolved_database_url)}")
 
 
 def submit(spec_path: Annotated[Path, typer.Argument(help="Spec file (YAML or JSON).", show_default=False)],
