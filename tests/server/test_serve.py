@@ -67,6 +67,7 @@ def test_two_workers_answer_and_sigterm_finishes_the_request_in_flight_then_exit
         assert len(answered) == 2 and answered <= parent_children, (answered, parent_children)
         # Each worker opened its own store and sees what serve loaded (the pools file, the bootstrap admin).
         assert httpx.get(f"{base}/v1/whoami", headers=auth).json()["role"] == "admin"
+        assert not (tmp_path / "cli.json").exists()  # with the bootstrap token, no other first admin is made
         assert [p["name"] for p in httpx.get(f"{base}/v1/pools", headers=auth).json()] == ["shared-cpu"]
         # --host 0.0.0.0 without SHARDCTL_PUBLIC_URL: jobs are told this machine's hostname, in every worker.
         launch = httpx.post(f"{base}/v1/plans", json=tiny(), headers=auth).json()["launch"]

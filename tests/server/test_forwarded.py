@@ -1,0 +1,117 @@
+"""Forwarded identity from an authenticating proxy (oauth2-proxy): honoured only when it is switched on and
+the request comes from a trusted proxy address; ignored entirely otherwise; a shardctl token still works."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from service.api.app import create_app
+from service.settings import Settings
+from service.store.db import make_engine
+from service.store.tokens import create_token, ensure_team
+from tests.db_fixtures import LiveServer
+from tests.specs import tiny
+
+ON = {"forwarded_auth": True, "forwarded_trusted_proxies": ["127.0.0.1/32"], "forwarded_admin_groups": ["ops"],
+      "forwarded_team_groups": {"ml-vision": "vision", "ml-speech": "speech"}}
+Serve = Callable[..., AbstractContextManager[tuple[str, Any]]]
+
+
+@pytest.fixture
+def serve(db_url: str, tmp_path: Path) -> Serve:
+    """A live API (uvicorn on 127.0.0.1: the test is the proxy) with the given settings, on each database."""
+
+    @contextmanager
+    def run(**settings: Any) -> Iterator[tuple[str, Any]]:
+        engine = make_engine(db_url)
+        app = create_app(Settings(database_url=db_url, data_dir=tmp_path, **settings), engine=engine)
+        try:
+            with LiveServer(app) as base:
+                yield base, app
+        finally:
+            engine.dispose()
+
+    return run
+
+
+def as_user(user: str, groups: str, **extra: str) -> dict[str, str]:
+    return {"X-Forwarded-User": user, "X-Forwarded-Groups": groups, **extra}
+
+
+def test_off_by_default_the_headers_are_ignored(serve: Serve) -> None:
+    with serve() as (base, _):
+        answer = httpx.get(f"{base}/v1/whoami", headers=as_user("alice", "ops"))
+        assert answer.status_code == 401 and "bearer token" in answer.json()["error"]["message"]
+        body = httpx.post(f"{base}/v1/jobs", json=tiny(), headers=as_user("alice", "ops"))
+        assert body.status_code == 401  # the request gate ignores them too
+
+
+def test_groups_map_to_admin_and_to_a_team_from_a_trusted_proxy(serve: Serve) -> None:
+    with serve(**ON) as (base, _):
+        admin = httpx.get(f"{base}/v1/whoami", headers=as_user("alice", "staff, ops")).json()
+        assert admin["role"] == "admin" and admin["token_id"] == "user:alice"
+        member = httpx.get(f"{base}/v1/whoami", headers=as_user("bob", "ml-vision")).json()
+        assert member["role"] == "member" and member["team"] == "vision"
+        # A route with a body passes the request gate as the forwarded user; the job is the team's.
+        job = httpx.post(f"{base}/v1/jobs", json=tiny(), headers=as_user("bob", "ml-vision"))
+        assert job.status_code == 201 and job.json()["team"] == "vision"
+        events = httpx.get(f"{base}/v1/jobs/{job.json()['id']}/events", headers=as_user("bob", "ml-vision")).json()
+        assert events[0]["actor"] == "member:user:bob"
+        # Another team's member does not see it.
+        other = httpx.get(f"{base}/v1/jobs/{job.json()['id']}", headers=as_user("carol", "ml-speech"))
+        assert other.status_code == 404
+
+
+def test_a_user_in_no_mapped_group_or_several_teams(serve: Serve) -> None:
+    with serve(**ON) as (base, _):
+        nobody = httpx.get(f"{base}/v1/whoami", headers=as_user("dave", "staff"))
+        assert nobody.status_code == 403 and "SHARDCTL_FORWARDED_TEAM_GROUPS" in nobody.json()["error"]["message"]
+        both = as_user("erin", "ml-vision,ml-speech")
+        several = httpx.get(f"{base}/v1/whoami", headers=both)
+        assert several.status_code == 403 and "X-Shardctl-Team" in several.json()["error"]["message"]
+        chosen = httpx.get(f"{base}/v1/whoami", headers={**both, "X-Shardctl-Team": "speech"}).json()
+        assert chosen["team"] == "speech"
+        refused = httpx.get(f"{base}/v1/whoami", headers={**both, "X-Shardctl-Team": "ops"})
+        assert refused.status_code == 403
+        bad = httpx.get(f"{base}/v1/whoami", headers=as_user("a b", "ops"))
+        assert bad.status_code == 400
+
+
+def test_from_an_address_that_is_not_a_trusted_proxy_the_headers_are_ignored(serve: Serve) -> None:
+    with serve(**{**ON, "forwarded_trusted_proxies": ["10.0.0.0/8"]}) as (base, _):
+        answer = httpx.get(f"{base}/v1/whoami", headers=as_user("alice", "ops"))
+        assert answer.status_code == 401
+        assert httpx.post(f"{base}/v1/teams", json={"name": "x"}, headers=as_user("alice", "ops")).status_code == 401
+
+
+def test_a_bearer_token_still_works_and_wins_over_the_headers(serve: Serve) -> None:
+    with serve(**ON) as (base, app):
+        with app.state.sessions.begin() as session:
+            _, secret = create_token(session, role="member", team=ensure_team(session, "speech"))  # type: ignore[arg-type]
+        token = {"Authorization": f"Bearer {secret}"}
+        who = httpx.get(f"{base}/v1/whoami", headers={**as_user("alice", "ops"), **token}).json()
+        assert who["role"] == "member" and who["team"] == "speech"
+        revoked = httpx.get(f"{base}/v1/whoami", headers={**as_user("alice", "ops"),
+                                                          "Authorization": "Bearer shc_nope_nope"})
+        assert revoked.status_code == 401  # a shardctl token that does not work is not rescued by the headers
+        # A proxy that passes its own ID token on (not a shardctl token) leaves the forwarded identity in charge.
+        passed = httpx.get(f"{base}/v1/whoami", headers={**as_user("alice", "ops"),
+                                                         "Authorization": "Bearer eyJhbGciOiJSUzI1NiJ9.e30.x"})
+        assert passed.json()["token_id"] == "user:alice"
+
+
+def test_header_names_are_configurable_and_live_streams_need_a_token(serve: Serve) -> None:
+    custom = {**ON, "forwarded_user_header": "X-Auth-Request-User", "forwarded_groups_header": "X-Auth-Request-Groups"}
+    with serve(**custom) as (base, _):
+        who = httpx.get(f"{base}/v1/whoami", headers={"X-Auth-Request-User": "alice", "X-Auth-Request-Groups": "ops"})
+        assert who.json()["role"] == "admin"
+        assert httpx.get(f"{base}/v1/whoami", headers=as_user("alice", "ops")).status_code == 401
+        stream = httpx.get(f"{base}/v1/events", params={"stream": "true"},
+                           headers={"X-Auth-Request-User": "alice", "X-Auth-Request-Groups": "ops"})
+        assert stream.status_code == 401 and "live stream needs a shardctl bearer token" in stream.text
