@@ -158,6 +158,9 @@ class Settings(BaseSettings):
     usage_blend: float = Field(0.5, ge=0, le=1, description="Weight of decayed past usage against current use"
                                " in the fair-share order (0: current use only).")
     min_runtime_s: float = Field(600.0, ge=0, description="A running job younger than this is never preempted.")
+    queue_view_max_age_s: float = Field(60.0, ge=0, description="explain answers a waiting job from the dispatcher's"
+                                        " queue view while it is at most this old, else computes it live (0: always"
+                                        " live).")
 
     @cached_property
     def resolved_database_url(self) -> str:
