@@ -24,6 +24,9 @@ from service.cli.render import (
 from service.cli.scheduling import register as register_scheduling
 from service.cli.scheduling_cmds import register as register_scheduling_cmds
 from service.planner import Plan, plan
+from service.planner.hardware import CATALOG
+from service.planner.models import PRESETS
+from service.planner.search import DEFAULT_MIN_FREE_FRACTION, SIMPLER_WITHIN
 from service.spec import LayoutPins, TrainingSpec, load_spec, spec_json_schema
 
 # Click's UsageError, wherever this typer takes click from (recent versions vendor their own copy).
@@ -93,7 +96,30 @@ def _load(path: Path, layout: str | None) -> TrainingSpec:
     return spec
 
 
-@app.command("plan")
+PLAN_HELP = f"""Plan the best layout that fits.
+
+Model presets (model.preset in a spec; explicit model fields override a preset's):
+{", ".join(PRESETS)}.
+
+GPU kinds (resources.gpu; or describe one inline): {", ".join(CATALOG)}.
+
+Ranking: a layout shardctl's runtime runs beats one that needs offload, context parallelism or fp8
+(modelled, not yet run); then a layout leaving at least {DEFAULT_MIN_FREE_FRACTION:.0%} of GPU memory
+free beats one that does not; among those, the simplest layout within {SIMPLER_WITHIN:.0%} of the
+fastest wins (DDP before ZeRO before FSDP, no pipeline before a pipeline). The explanation says
+when headroom or simplicity decided. Sizes are GiB (2^30 bytes). FLOPs and MFU count causal
+attention at half the full-attention FLOPs, as the step time does.
+
+Exit codes:
+  0  every plan fits
+  1  an invalid spec (a `field.path: message` line per problem), or an error
+  2  a plan does not fit (printed anyway: why, and the GPU count that fits)
+  3  a spec file does not exist or cannot be read
+The first invalid or unreadable file stops the command.
+"""
+
+
+@app.command("plan", help=PLAN_HELP)
 def plan_command(
     specs: Annotated[list[Path], typer.Argument(help="Spec files (YAML or JSON).", show_default=False)],
     layout: Annotated[str | None, typer.Option(
@@ -101,17 +127,14 @@ def plan_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the Plan JSON.")] = False,
     brief: Annotated[bool, typer.Option(
         "--brief", help="One line per spec: name, layout, step time, memory, whether it fits.")] = False,
+    min_free: Annotated[float, typer.Option(
+        "--min-free", min=0.0, max=0.99,
+        help="The least share of GPU memory a preferred layout leaves free (0 turns the rule off).")]
+    = DEFAULT_MIN_FREE_FRACTION,
 ) -> None:
-    """Plan the fastest layout that fits.
-
-    Exit codes:
-      0  every plan fits
-      1  an invalid spec (a `field.path: message` line per problem), or an error
-      2  a plan does not fit (printed anyway: why, and the GPU count that fits)
-      3  a spec file does not exist or cannot be read
-    The first invalid or unreadable file stops the command.
-    """
-    plans: list[Plan] = [control.read_spec(path, lambda p: plan(_load(p, layout))) for path in specs]
+    """Plan the best layout that fits (the help text is `PLAN_HELP`)."""
+    plans: list[Plan] = [control.read_spec(path, lambda p: plan(_load(p, layout), min_free_fraction=min_free))
+                         for path in specs]
     if as_json:
         payload = [p.model_dump(mode="json") for p in plans]
         console.out(json.dumps(payload[0] if len(payload) == 1 else payload, indent=2))

@@ -76,7 +76,8 @@ def why_slower(chosen: StepTime, other: StepTime) -> str:
     or `9.3% faster (-0.326 s per step), mostly exposed communication (-0.199 s)`.
 
     The percentage is the difference in seconds over the chosen step time; the parts named are the
-    largest increase (and, when it is more than the whole difference, the largest decrease)."""
+    largest increase (and, when it is more than the whole difference, the largest decrease), said
+    to be "mostly" only when it is more than half the difference, else "largest part"."""
     delta = other.step_s - chosen.step_s
     pct = delta / chosen.step_s
     if abs(pct) < 0.0005:
@@ -91,7 +92,8 @@ def why_slower(chosen: StepTime, other: StepTime) -> str:
     if diffs[rest] * delta < 0 and abs(diffs[main]) > 1.05 * abs(delta):
         return (f"{head}: {_PART_WORDS[main]} {seconds(diffs[main])}, partly offset by"
                 f" {_PART_WORDS[rest]} {seconds(diffs[rest])}")
-    return f"{head}, mostly {_PART_WORDS[main]} ({seconds(diffs[main])})"
+    share = "mostly" if abs(diffs[main]) > 0.5 * abs(delta) else "largest part"
+    return f"{head}, {share} {_PART_WORDS[main]} ({seconds(diffs[main])})"
 
 
 _SIMPLER_WORDS = ("less offload", "fewer parallel dimensions", "plainer sharding", "less recompute",
