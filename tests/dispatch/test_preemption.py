@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from service.joblogs import split_rank
 from service.store.models import Measurement
 from service.store.vocab import MeasurementKind
 from tests.db_fixtures import Env
@@ -96,6 +97,13 @@ def test_a_preempted_job_checkpoints_requeues_and_resumes_its_steps(env: Env, ad
     assert '"preempted": true' in (first_run / "exit.json").read_text()
     reports = [r["status"] for r in measurements(env, job_id, MeasurementKind.REPORT)]
     assert reports == ["preempted", "succeeded"]  # the first attempt stopped by itself, after its checkpoint
+    # the runtime's own log lines carry their rank once: torchrun's label (which the log readers split
+    # off into `rank`), not a second one of the runtime's own
+    logged = [split_rank(x) for x in (tmp_path / "local" / second["backend_name"] / "node0.log").read_text()
+              .splitlines()]
+    ours = [(rank, text) for rank, text in logged if rank is not None and text.startswith("INFO ")]
+    assert ours and {rank for rank, _ in ours} <= {0, 1}
+    assert not [text for rank, text in logged if rank is not None and text.startswith("[rank")]
 
 
 IGNORE_TERM = ("import os, signal, sys, time, pathlib; signal.signal(signal.SIGTERM, signal.SIG_IGN);"

@@ -63,8 +63,12 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(2)
         args.out = Path(os.environ[OUT_DIR])
     args.out.mkdir(parents=True, exist_ok=True)
+    # Under shardctl's launchers torchrun labels every line with its rank already (the log readers
+    # split that label off): naming it again would print "[rank 0] [rank 0] ..." in `shardctl logs`.
+    labelled = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE" in os.environ
     logging.basicConfig(level=os.environ.get(LOG_LEVEL, "INFO"),
-                        format=f"[rank {os.environ.get('RANK', '0')}] %(levelname)s %(name)s: %(message)s")
+                        format=("" if labelled else f"[rank {os.environ.get('RANK', '0')}] ")
+                        + "%(levelname)s %(name)s: %(message)s")
     budget_text = args.memory_budget or os.environ.get(BUDGET_ENV) or None
     try:
         budget = parse_bytes(budget_text) if budget_text else None
