@@ -1,13 +1,14 @@
 """The ETA band: the waiting queue of one GPU kind simulated forward, every job at once.
 
 Contract (`forecast(...)`): the running jobs of the kind hold their pool and their team's GPUs
-for `remaining_s`; the jobs admitted this cycle start at once in the pool they were given and run
-`predicted_s`; then every other waiting job of the kind that can ever start (no backoff, a pool
-big enough, within its team's limit) starts, in admission order, at the first moment both a pool
-it may use has room and its team holds few enough GPUs, and runs `predicted_s`. No job starts
-before a job ahead of it that shares one of its pools, or one of its own team's (no backfill past
-a competitor), so each job's start depends only on the jobs ahead of it: the band of a job is the
-same whether the simulation stops at it (`explain`) or runs the whole queue (the queue view).
+for `remaining_s`. Then, in admission order: a job admitted this cycle starts at once in the pool
+it was given and runs `predicted_s`; every other waiting job of the kind that can ever start (a
+pool big enough, within its team's limit) starts at the first moment both a pool it may use has
+room and its team holds few enough GPUs, no sooner than its backoff ends, and runs `predicted_s`.
+No job starts before a job ahead of it that may use one of its pools, or one of its own team's
+(no backfill past a competitor), so each job's start depends only on the jobs ahead of it: the
+band of a job is the same whether the simulation stops at it (`explain`) or runs the whole queue
+(the queue view).
 
 Run twice: the earliest edge with known durations shortened by `ETA_TOLERANCE` and unknown ones
 taken as 0, the latest lengthened by it and unknown ones taken as `Snapshot.eta_unknown_s`.
