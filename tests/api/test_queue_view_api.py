@@ -37,7 +37,7 @@ def test_explain_reads_the_view_and_falls_back_when_it_is_stale_or_dropped(env: 
     members = setup(env, admin, 2, {"alpha": {"flavors": {"cpu": {"nominal": 1, "borrowing_limit": 0}}}})
     gate = tmp_path / "gate"
     code = f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.1)"
-    first = submit(env, members["alpha"], program(code, team="alpha", name="first"))
+    submit(env, members["alpha"], program(code, team="alpha", name="first"))  # holds alpha's one GPU
     waiting = [submit(env, members[t], program("pass", team=t, name=f"w-{t}-{i}"))
                for i, t in enumerate(["alpha", "beta", "alpha", "gamma", "alpha"])]
     d = Dispatcher(env.app.state.sessions, {"local": LocalBackend(tmp_path / "local")}, DispatcherConfig())

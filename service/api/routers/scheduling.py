@@ -5,8 +5,9 @@
   now, waiting demand
 - `GET /v1/jobs/{id}/explain`: the engine's explanation for a waiting job (same visibility as
   `GET /v1/jobs/{id}`), from the dispatcher's queue view while it is fresh (`as_of` says when it was
-  computed; `service.store.queue_view`), else computed for the request; for a job that does not wait for admission, what it does instead, and for
-  one its backend holds (PENDING or SUBMITTING), the backend's own reason and start estimate
+  computed; `service.store.queue_view`), else computed for the request; for a job that does not
+  wait for admission, what it does instead, and for one its backend holds (PENDING or SUBMITTING),
+  the backend's own reason and start estimate
 
 A team another member's token cannot see is a 404 with the words of a missing team.
 """
