@@ -124,8 +124,8 @@ def considered_sentence(plan: Plan) -> str:
     total = chosen + r.slower + r.out_of_memory + r.dominated
     head = "1 chosen" if plan.fits else "none fits (the closest is shown)"
     return (f"Considered {_plural(total, 'layout')}: {head}, {r.slower:,} fitting but not chosen,"
-            f" {r.out_of_memory:,} out of memory, {r.dominated:,} dominated by a variant with less"
-            f" offload; {_plural(r.invalid, 'mesh or micro-batch choice')} invalid.")
+            f" {r.out_of_memory:,} out of memory, {r.dominated:,} dominated (a variant with less offload,"
+            f" or one the runtime runs, fits); {_plural(r.invalid, 'mesh or micro-batch choice')} invalid.")
 
 
 def plan_line(plan: Plan) -> str:

@@ -194,6 +194,11 @@ def _explanation(ctx: Context, cand: Candidate, result: SearchResult | None) -> 
         if slow:
             lines.append(f"{dim}={value}: every fitting layout with {dim}={'/'.join(slow)} is at least"
                          f" {PRUNE_FACTOR - 1:.0%} slower.")
+        untimed = sorted(str(v) for d, v in result.gap_dimensions if d == dim and v != value
+                         and (d, v) not in result.by_dimension)
+        if untimed:
+            lines.append(f"{dim}={value}: layouts with {dim}={'/'.join(untimed)} need support the runtime does"
+                         " not have yet, and a layout it runs fits; they were not timed.")
         if not rivals:
             if dim == "activation_checkpointing" and value == "none":
                 lines.append("activation_checkpointing=none: activations fit without recompute.")

@@ -200,6 +200,9 @@ class SearchResult:
     fitting: int = 0
     pruned: int = 0  # skipped whole at one micro-batch: compute alone is too slow (never fit-checked)
     pruned_dimensions: set[tuple[str, object]] = field(default_factory=set)
+    # (dimension, value) of layouts left untimed because they need a runtime gap while a layout the
+    # runtime runs already fits (they cannot be chosen).
+    gap_dimensions: set[tuple[str, object]] = field(default_factory=set)
     evaluated: int = 0
     invalid_reasons: dict[str, int] = field(default_factory=dict)
     timed: list[Candidate] = field(default_factory=list)  # every fitting layout that was timed
@@ -461,6 +464,11 @@ def search(ctx: Context, pins: LayoutPins | None = None, *, timed: bool = True,
         if not mbs:
             result.invalid += 1
             continue
+        if cp > 1 and result.best is not None and result.best.tier <= 1:
+            # A layout the runtime runs already fits: none needing context parallelism can win.
+            result.gap_dimensions.add(("cp", cp))
+            result.dominated += len(mbs) * len(ckpts)
+            continue
         fitting_before_mesh = result.fitting
         for sharding, dp_shard in _shardings(ctx, pins, mesh, result):
             carrier = dp * cp == 1 and tp == 1 and sharding == "fsdp" and pins.sharding is None
@@ -561,6 +569,10 @@ def search(ctx: Context, pins: LayoutPins | None = None, *, timed: bool = True,
                                     result.best = Candidate(layout=layout, fits=True, total=total, parts=(static, acts))
                                     return result
                                 if not timed:
+                                    continue
+                                if off != "none" and result.best is not None and result.best.tier <= 1:
+                                    # A layout the runtime runs already fits: one needing offload cannot win.
+                                    result.gap_dimensions.add(("offload", off))
                                     continue
                                 if fwd is None:
                                     fwd = _forward(ctx, forwards, base, b)

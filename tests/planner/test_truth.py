@@ -70,8 +70,11 @@ def test_compute_only_mfu_stays_under_the_gemm_efficiency_at_any_sequence_length
     assert compute_only <= CATALOG["H100-SXM-80GB"].matmul_efficiency
 
 
-def test_pinning_tensor_parallelism_never_gives_a_ddp_plan() -> None:
-    p = plan(make_spec(model={"preset": "llama-tiny"}, training={"global_batch": 8}, layout={"tp": 2}))
+@pytest.mark.parametrize("gpus", [2, 8])
+def test_pinning_tensor_parallelism_never_gives_a_ddp_plan(gpus: int) -> None:
+    # On 2 GPUs tp=2 leaves one data-parallel rank, where only DDP used to be searched.
+    p = plan(make_spec(model={"preset": "llama-tiny"}, training={"global_batch": 8},
+                       resources={"gpus_per_node": gpus}, layout={"tp": 2}))
     assert p.layout.tp == 2 and p.layout.sharding not in ("ddp", "zero1")
     assert is_runnable(p.layout, precision="bf16", shape=p.shape)
     assert all(is_runnable(a.layout, precision="bf16") or runtime_gaps(a.layout, precision="bf16")
