@@ -40,8 +40,10 @@ from pydantic import SecretStr
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
+from service.failures import OUT_OF_MEMORY, measured_oom
 from service.jobenv import JobEnv
 from service.observability import counters
+from service.planner import replan
 from service.planner.result import Plan
 from service.redaction import redact_strings
 from service.scheduling.kueue_names import KueueQueue
@@ -561,6 +563,8 @@ class Dispatcher:
                                f" against max_attempts)", data=data)
             job.lease_owner = job.lease_expires_at = None
             return
+        if obs.failure in OUT_OF_MEMORY and self._replan_after_oom(session, job, obs, data):
+            return
         counted = counted_attempts(job)
         if obs.failure is not None and obs.failure.retried and counted < self.config.max_attempts:
             backoff = self.config.retry_backoff_s * 2 ** (counted - 1)
@@ -574,6 +578,64 @@ class Dispatcher:
                    message=f"{obs.failure or 'failed'}: {obs.reason or ''}".strip(), data=data)
 
 
+    def _replan_after_oom(self, session: Session, job: Job, obs: Observation, data: dict[str, Any]) -> bool:
+        """After an attempt ran out of memory: when the spec's `recovery.replan_on_oom` is on and fewer than
+        `recovery.max_replans` re-plans were made, plan the job again under the memory the attempt measured
+        (`service.planner.replan.next_plan`, from the peak in its log tail), store that plan as the job's
+        plan (the next attempt runs it), append `job.replanned` naming the old and new layouts and the
+        measured peak, and queue the job again at once; return True. Otherwise append `job.replan_refused`
+        with the reason (when recovery is on) and return False: the job fails as before.
+
+        Called inside the transaction that closes the attempt, so the decision and the requeue commit
+        together: a dispatcher that dies before the commit leaves the attempt open, and the next poll makes
+        the same decision from the same inputs (the planner is deterministic); one that dies after it
+        finds the job QUEUED with its new plan. A re-plan counts against `max_replans`, never against
+        `max_attempts` (`counted_attempts` leaves out-of-memory attempts out)."""
+        recovery = job.spec.recovery
+        if not recovery.replan_on_oom or obs.failure is None:
+            return False
+        attempt = job.attempts[-1]
+        done = sum(1 for a in job.attempts[:-1] if a.failure in OUT_OF_MEMORY)
+        measured = measured_oom(obs.log_tail or "")
+        peak = measured.peak_bytes if measured is not None else None
+        failed = job.plan
+        facts = {"attempt": attempt.number, "failure": obs.failure.value, "measured_peak_bytes": peak,
+                 "limit_bytes": measured.limit_bytes if measured is not None else None,
+                 "replans": done, "max_replans": recovery.max_replans, "layout": failed.layout.to_dict()}
+        result: replan.Replan | replan.NoReplan | None = None
+        if done < recovery.max_replans:
+            result = replan.next_plan(job.spec, failed, obs.failure, measured)
+        if not isinstance(result, replan.Replan):
+            why = (result.reason if result is not None else
+                   f"recovery.max_replans ({recovery.max_replans}) re-plans made already")
+            add_event(session, job, actor=self.actor, kind=EventKind.REPLAN_REFUSED,
+                      message=f"attempt {attempt.number} ran out of memory ({obs.failure}); not planned again: {why}",
+                      data={**facts, "reason": why})
+            return False
+        new, cap = result.plan, result.cap
+        job.plan = new
+        job.layout = new.layout.short()[:200]
+        job.predicted_step_s = new.time.step_s
+        job.predicted_s = new.time.step_s * new.training.steps if new.training is not None else None
+        measured_words = f"measured peak {peak:,} bytes" if peak is not None else "no peak measured"
+        add_event(session, job, actor=self.actor, kind=EventKind.REPLANNED,
+                  message=f"attempt {attempt.number} ran out of memory ({obs.failure}, {measured_words}, predicted"
+                          f" {cap.predicted_bytes:,}); re-planned {failed.layout.short()} -> {new.layout.short()}"
+                          f" ({result.rung} rung, re-plan {done + 1} of {recovery.max_replans})",
+                  data={**facts, "rung": result.rung, "old_layout": failed.layout.to_dict(),
+                        "new_layout": new.layout.to_dict(), "old": failed.layout.short(), "new": new.layout.short(),
+                        "predicted_bytes": cap.predicted_bytes,
+                        "new_predicted_bytes": replan.predicted_allocated(new), "cap_bytes": cap.cap_bytes,
+                        "scale": cap.scale, "replan": done + 1, "next_attempt": attempt.number + 1})
+        transition(session, job, S.QUEUED, actor=self.actor,
+                   message=f"{obs.failure}: {obs.reason or ''}; queued again with {new.layout.short()} (re-plan"
+                           f" {done + 1} of {recovery.max_replans}, not counted against max_attempts)", data=data)
+        job.lease_owner = job.lease_expires_at = None
+        log.info("job %d re-planned after %s: %s -> %s", job.id, obs.failure, failed.layout.short(),
+                 new.layout.short(), extra={"job_id": job.id, "decision": "replanned", "rung": result.rung})
+        return True
+
+
 def being_preempted(session: Session) -> set[int]:
     """Ids of the jobs whose current attempt has been told to stop (`Dispatcher.preempt`) and has not ended
     yet: admission must not choose them as victims again."""
@@ -582,5 +644,6 @@ def being_preempted(session: Session) -> set[int]:
 
 
 def counted_attempts(job: Job) -> int:
-    """The attempts that count against `max_attempts`: every one but those that ended preempted."""
-    return sum(1 for a in job.attempts if a.failure != FailureClass.PREEMPTED)
+    """The attempts that count against `max_attempts`: every one but those that ended preempted or out of
+    memory (an out-of-memory attempt either fails the job or counts against `recovery.max_replans`)."""
+    return sum(1 for a in job.attempts if a.failure != FailureClass.PREEMPTED and a.failure not in OUT_OF_MEMORY)

@@ -61,6 +61,13 @@ class EventKind:
     #: data: reason (the backend's own words, or None), expected_start (epoch seconds, or None), attempt;
     #: appended only when the backend's reason or (rounded) start estimate for the attempt changes
     BACKEND_PENDING = "job.backend_pending"
+    #: an attempt ran out of memory and the job was planned again (`service.planner.replan`); data: attempt,
+    #: failure, rung, old_layout, new_layout (layout dicts), old/new (one-line layouts), measured_peak_bytes,
+    #: limit_bytes, predicted_bytes, new_predicted_bytes, cap_bytes, scale, replan, max_replans
+    REPLANNED = "job.replanned"
+    #: an attempt ran out of memory and was not planned again (max_replans reached, or no rung fits); data: the
+    #: attempt, failure, reason, measured_peak_bytes, replans, max_replans. The job then fails as before.
+    REPLAN_REFUSED = "job.replan_refused"
 
     @staticmethod
     def status(status: JobStatus) -> str:
