@@ -26,11 +26,12 @@ from starlette.responses import RedirectResponse
 
 from service.api.ui import errors
 from service.api.ui.render import STATIC_DIR, STATIC_URL
-from service.api.ui.routers import auth, job, jobs
+from service.api.ui.routers import admin, auth, job, jobs, plan, pools, queue, teams
 from service.store.tokens import NotFound
 
 #: Every page's router, in the order they are mounted. Add new pages here (and to `nav.NAV`).
-PAGE_ROUTERS: list[APIRouter] = [auth.router, jobs.router, job.router]
+PAGE_ROUTERS: list[APIRouter] = [auth.router, jobs.router, job.router, queue.router, teams.router, pools.router,
+                                  plan.router, admin.router]
 
 
 def _home() -> RedirectResponse:

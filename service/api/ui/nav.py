@@ -19,6 +19,11 @@ class NavEntry:
 
 NAV: list[NavEntry] = [
     NavEntry("Jobs", "/ui/jobs"),
+    NavEntry("Queue", "/ui/queue"),
+    NavEntry("Teams", "/ui/teams"),
+    NavEntry("Pools", "/ui/pools"),
+    NavEntry("Plan", "/ui/plan"),
+    NavEntry("Admin", "/ui/admin", admin=True),
 ]
 
 
