@@ -28,7 +28,8 @@ plus the allocation that failed) and L the limit it ran into (device memory or t
 - without a measurement (a process killed by the OOM killer, Slurm's OUT_OF_MEMORY) the cap is P.
 
 The planner is given the cap as the spec's GPU memory (`resources.gpu.memory_gib`, its documented input:
-cap x (1 + the failed plan's allocator margin) + its runtime overhead, never more than the device), and
+cap x (1 + the failed plan's allocator margin) + its runtime overhead, never more than the device, less a
+millionth so that the failed layout itself is out), and
 the plan it returns must predict strictly less than the cap; after `oom_host` it must also offload no
 more host memory per node than the failed plan. The plan's `memory.gpu_memory` is then that cap, and
 its warnings say why.
@@ -132,6 +133,7 @@ def _capped_spec(spec: TrainingSpec, failed: Plan, cap: MemoryCap) -> TrainingSp
     mem = failed.memory
     margin = mem.allocator_margin / max(1, predicted_allocated(failed))
     per_rank = min(mem.gpu_memory, int(cap.cap_bytes * (1 + margin)) + mem.runtime_overhead)
+    per_rank -= max(1, per_rank // 1_000_000)  # strictly under the cap, whatever the rounding of the margin
     cluster = resolve_cluster(spec.resources)
     per_node_share = cluster.gpu.memory_gib * GIB / max(1, cluster.memory_bytes_per_gpu)
     memory_gib = per_rank * per_node_share / GIB
