@@ -41,7 +41,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.notify import signing
-from service.notify.addresses import AddressRefused, Unresolved, check_address
+from service.notify.addresses import AddressRefused, Unresolved, check_address, pinned
 from service.notify.bodies import render
 from service.notify.retry import GONE, backoff_s, is_retryable, retry_after_s
 from service.store.models import utcnow
@@ -182,8 +182,8 @@ class Notifier:
         body = render(item.payload, item.format)
         parts = urlsplit(item.url)
         try:
-            check_address(parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80),
-                          allow_private=self.config.allow_private)
+            addresses = check_address(parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80),
+                                      allow_private=self.config.allow_private)
         except Unresolved as exc:  # a DNS outage is retried like a connection error
             return Answer(error=str(exc))
         except AddressRefused as exc:
@@ -191,9 +191,14 @@ class Notifier:
         headers = {"Content-Type": "application/json", "Shardctl-Event-Id": str(item.event_id),
                    "Shardctl-Event-Type": item.event_type, "Shardctl-Delivery-Id": item.delivery_id,
                    signing.HEADER: signing.sign(item.secrets, int(time.time()), body)}
+        url, extensions = item.url, {}
+        if addresses:  # connect to the address just checked, not to a new resolution of the name
+            url, host_header, extensions = pinned(item.url, addresses[0])
+            headers.update(host_header)
         started = time.perf_counter()
         try:
-            with self.client.stream("POST", item.url, content=body, headers=headers) as response:
+            with self.client.stream("POST", url, content=body, headers=headers,
+                                    extensions=extensions) as response:
                 excerpt = b""
                 for chunk in response.iter_bytes():
                     excerpt += chunk

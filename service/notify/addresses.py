@@ -63,11 +63,13 @@ class Unresolved(AddressRefused):
     """The host does not resolve now: refused at subscription, but a delivery retries (DNS outages pass)."""
 
 
-def check_address(host: str, port: int, *, allow_private: bool) -> None:
-    """`AddressRefused` when `host` resolves to an address that is not allowed; `Unresolved` (a kind of
-    it) when it does not resolve."""
+def check_address(host: str, port: int, *, allow_private: bool) -> list[str]:
+    """The addresses `host` resolves to, each allowed; `AddressRefused` when one is not, `Unresolved`
+    (a kind of it) when it does not resolve. With `allow_private` nothing is checked and [] returned
+    (the HTTP client resolves the name itself). A delivery connects to the first address returned
+    (`pinned`), never to a second resolution of the name that could point elsewhere (DNS rebinding)."""
     if allow_private:
-        return
+        return []
     addresses = resolve(host, port)
     if not addresses:
         raise Unresolved(f"host {host!r} does not resolve; check the name")
@@ -76,3 +78,19 @@ def check_address(host: str, port: int, *, allow_private: bool) -> None:
         if why is not None:
             shown = host if host == address else f"{host} ({address})"
             raise AddressRefused(f"{shown} is a {why} address, refused by default: {FIX_PRIVATE}")
+    return addresses
+
+
+def pinned(url: str, address: str) -> tuple[str, dict[str, str], dict[str, str]]:
+    """(url, headers, extensions) that send a request for `url` to `address` (a checked IP of its
+    host): the URL names the address, `Host` keeps the name, and for https the TLS server name
+    (`sni_hostname`, which the certificate is also verified against) keeps it too."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    literal = f"[{address}]" if ip.version == 6 else address
+    netloc = literal if parts.port is None else f"{literal}:{parts.port}"
+    shown_host = f"[{host}]" if ":" in host else host
+    headers = {"Host": shown_host if parts.port is None else f"{shown_host}:{parts.port}"}
+    extensions = {"sni_hostname": host} if parts.scheme == "https" else {}
+    return parts._replace(netloc=netloc).geturl(), headers, extensions

@@ -5,9 +5,14 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import pytest
+
+from service.notify import addresses
 from service.store.db import make_engine, make_sessionmaker
 from service.store.notify_models import WebhookFormat
+from tests.notify.receiver import receiver
 from workers.notify import Leased, Notifier, NotifierConfig
 
 
@@ -27,3 +32,33 @@ def test_an_unresolvable_host_is_retried_and_a_private_one_is_final(tmp_path: Pa
         assert private.final_error and "loopback" in private.error
     finally:
         notifier.close()
+
+
+def test_a_delivery_connects_to_the_address_it_checked_not_to_a_new_lookup(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """DNS rebinding: a name that resolves to an allowed address when checked and elsewhere when the
+    HTTP client looks it up again must be sent to the address checked. Here the check resolves
+    `hooks.rebind.invalid` to the receiver's address (deemed public for this test) and nothing else can
+    resolve that name at all: the delivery arrives only if it was sent to the checked address."""
+    monkeypatch.setattr(addresses, "resolve",
+                        lambda host, port: ["127.0.0.1"] if host == "hooks.rebind.invalid" else [])
+    monkeypatch.setattr(addresses, "_refused_ip", lambda ip: None)
+    sessions = make_sessionmaker(make_engine(f"sqlite:///{tmp_path / 'unused.db'}"))
+    notifier = Notifier(sessions, NotifierConfig(allow_private=False))
+    try:
+        with receiver() as hook:
+            port = urlsplit(hook.url).port
+            answer = notifier.send(leased(f"http://hooks.rebind.invalid:{port}/hook"))
+            assert answer.status == 200, answer
+            got = hook.wait_for(1)
+            assert got[0].headers["host"] == f"hooks.rebind.invalid:{port}"  # the name, for virtual hosts
+    finally:
+        notifier.close()
+
+
+def test_pinned_keeps_the_name_for_host_and_tls() -> None:
+    url, headers, extensions = addresses.pinned("https://hooks.example.com/x?y=1", "93.184.216.34")
+    assert (url, headers, extensions) == ("https://93.184.216.34/x?y=1", {"Host": "hooks.example.com"},
+                                          {"sni_hostname": "hooks.example.com"})
+    url, headers, extensions = addresses.pinned("http://hooks.example.com:8080/x", "2606:2800:220:1::1")
+    assert (url, headers, extensions) == ("http://[2606:2800:220:1::1]:8080/x", {"Host": "hooks.example.com:8080"}, {})
