@@ -117,7 +117,7 @@ def test_the_answer_is_the_same_every_time() -> None:
 
 def test_a_cpu_rank_over_its_budget_gets_a_smaller_micro_batch() -> None:
     """The end-to-end case of `test_oom_replan.py`, pure: two CPU ranks, DDP, 4 sequences each, over a budget."""
-    spec = TrainingSpec.model_validate({**spec_dict(2, global_batch=8, steps=2), "layout": {"dp": 2, "sharding": "ddp"}})
+    spec = spec_of(spec_dict(2, global_batch=8, steps=2), dp=2, sharding="ddp")
     failed = estimate(spec, Layout(dp=2, tp=1, pp=1, cp=1, sharding="ddp", dp_shard=1, sequence_parallel=False,
                                    micro_batch=4, grad_accum_steps=1, activation_checkpointing="none",
                                    pipeline_schedule=None, virtual_stages=1, offload="none"))
