@@ -19,7 +19,9 @@ from sqlalchemy.orm import Session, selectinload, undefer
 from service.backend_options import BackendKind
 from service.planner.result import Plan
 from service.spec import TrainingSpec
+from service.store.event_feed import committed_horizon
 from service.store.models import Event, IdempotencyKey, Job, Measurement, Team
+from service.store.queue_view import invalidate as invalidate_queue_view
 from service.store.states import TERMINAL, add_event, transition
 from service.store.tokens import Conflict, NotFound, Principal
 from service.store.vocab import EventKind, JobStatus, MeasurementKind, Role
@@ -172,8 +174,32 @@ def cancel_job(session: Session, principal: Principal, job_id: int) -> Job:
     return job
 
 
+PRIORITY_EVENT = "job.priority"
+
+
+def set_priority(session: Session, principal: Principal, job_id: int, priority: int) -> Job:
+    """Change a job's priority (callers allow admins only; the range is the spec's, -1000 to 1000).
+    Appends a `job.priority` event naming the old and new value, and drops the queue view so that
+    `explain` answers from the new order. `Conflict` for a job that has ended."""
+    job = visible_job(session, principal, job_id, for_update=True)
+    if job.status in TERMINAL:
+        raise Conflict(f"job {job_id} has ended ({job.status.value}): its priority no longer matters")
+    old = job.priority
+    if old != priority:
+        job.priority = priority
+        add_event(session, job, actor=principal.actor, kind=PRIORITY_EVENT,
+                  message=f"priority changed from {old} to {priority}", data={"from": old, "to": priority})
+        invalidate_queue_view(session)
+    return job
+
+
 def list_events(session: Session, job: Job, *, after: int = 0, limit: int = 500) -> list[Event]:
+    """The job's events after id `after`, oldest first, up to the `committed_horizon` (so a reader's
+    cursor never skips an event committed later)."""
     stmt = select(Event).where(Event.job_id == job.id, Event.id > after).order_by(Event.id).limit(limit)
+    horizon = committed_horizon(session)
+    if horizon is not None:
+        stmt = stmt.where(Event.id <= horizon)
     return list(session.scalars(stmt))
 
 

@@ -3,6 +3,7 @@
 - `dashboard`: one live server per test module: the API app (with the dashboard) under uvicorn on a
   free port, a real dispatcher thread with the local backend running tiny CPU jobs, on SQLite. It
   mints tokens straight in the store (`dashboard.token(...)`) and talks to the API with httpx.
+  `quiet_dashboard` is the same without a dispatcher: jobs stay QUEUED.
 - `browser`: Chromium (`/usr/bin/chromium`, or `SHARDCTL_CHROMIUM`), launched once per session.
   Playwright's own browser download is never used. Without Chromium or the `playwright` package the
   tests skip with the reason on a laptop and fail under `CI=true` (`scripts/setup.sh` installs both).
@@ -58,6 +59,9 @@ def browser() -> Iterator[Any]:
         _unavailable("the playwright package is not installed")
     if not (Path(CHROMIUM).is_file() and os.access(CHROMIUM, os.X_OK)) and shutil.which(CHROMIUM) is None:
         _unavailable(f"no Chromium at {CHROMIUM} (set SHARDCTL_CHROMIUM to another path)")
+    from playwright.sync_api import expect as playwright_expect
+
+    playwright_expect.set_options(timeout=15_000)
     with sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path=CHROMIUM,
                                               args=["--no-sandbox", "--disable-dev-shm-usage"])
@@ -92,9 +96,7 @@ class Dashboard:
         return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
 
 
-@pytest.fixture(scope="module")
-def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
-    folder = tmp_path_factory.mktemp("dashboard")
+def _serve(folder: Path, *, dispatch: bool) -> Iterator[Dashboard]:
     url = f"sqlite:///{folder / 'shardctl.db'}"
     migrate.upgrade(url)
     settings = Settings(database_url=url, data_dir=folder, events_poll_s=0.2, logs_poll_s=0.2)
@@ -103,14 +105,37 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
     app = create_app(settings, engine=engine, configured_backends=["local"], log_reader=BackendOutputs(backends))
     stop = threading.Event()
     with LiveServer(app) as base:
-        sessions = make_sessionmaker(make_engine(url))
-        dispatcher = Dispatcher(sessions, backends, DispatcherConfig(api_url=base, retry_backoff_s=0.1))
-        thread = threading.Thread(target=dispatcher.run_forever, args=(stop, 0.2), daemon=True, name="dispatcher")
-        thread.start()
+        thread = None
+        if dispatch:
+            sessions = make_sessionmaker(make_engine(url))
+            dispatcher = Dispatcher(sessions, backends, DispatcherConfig(api_url=base, retry_backoff_s=0.1))
+            thread = threading.Thread(target=dispatcher.run_forever, args=(stop, 0.2), daemon=True,
+                                      name="dispatcher")
+            thread.start()
         yield Dashboard(url=base, sessions=app.state.sessions)
         stop.set()
-        thread.join(timeout=30)
+        if thread is not None:
+            thread.join(timeout=30)
     engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
+    """A live server and a dispatcher running jobs on the local backend."""
+    yield from _serve(tmp_path_factory.mktemp("dashboard"), dispatch=True)
+
+
+@pytest.fixture(scope="module")
+def quiet_dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
+    """A live server without a dispatcher: submitted jobs stay QUEUED (lists, filters, pages)."""
+    yield from _serve(tmp_path_factory.mktemp("quiet"), dispatch=False)
+
+
+def expect(target: Any) -> Any:
+    """Playwright's `expect` (imported here, so a laptop without playwright skips instead of failing to collect)."""
+    from playwright.sync_api import expect as playwright_expect
+
+    return playwright_expect(target)
 
 
 def sign_in(page: Any, base: str, token: str, next_path: str = "/ui/jobs") -> None:

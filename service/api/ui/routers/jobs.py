@@ -195,6 +195,8 @@ def jobs_live(request: Request, session: Signed,
                 batch.add("job-rows", _row(job), swap="prepend")
                 shown.add(job.id)
                 top = job.id
+            if new:
+                batch.add("jobs-empty", "")  # the "no jobs" note, if the page had none
         batch.add("job-counts", _counts(query, count_jobs_by_status(tx, principal, query.filters())))
         return batch
 
