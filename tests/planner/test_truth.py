@@ -133,3 +133,34 @@ def test_the_405b_example_comment_is_true() -> None:
     assert f"about {p.memory.total / GIB:.0f} GiB per GPU" in comment
     pp2 = [a for a in p.alternatives if a.layout.pp == 2]
     assert pp2 and f"about {pp2[0].step_s / p.time.step_s - 1:.0%} slower" in comment
+
+
+def test_the_preset_list_the_spec_schema_points_to_is_in_plan_help() -> None:
+    from typer.testing import CliRunner
+
+    from service.cli.main import app
+    from service.planner.models import PRESETS
+    from service.spec import spec_json_schema
+
+    assert "shardctl plan --help" in str(spec_json_schema())  # where the schema sends a user for presets
+    result = CliRunner().invoke(app, ["plan", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    text = " ".join(result.output.split())
+    assert all(name in text for name in PRESETS), text
+    assert all(name in text for name in CATALOG), text
+    assert "10% of GPU memory free" in text and "within 3% of the fastest" in text and "--min-free" in text
+
+
+def test_min_free_on_the_command_line_changes_the_choice() -> None:
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from service.cli.main import app
+
+    example = str(Path(__file__).resolve().parents[2] / "examples" / "llama3-70b-64xh100.yaml")
+    default = CliRunner().invoke(app, ["plan", "--brief", example], env={"COLUMNS": "200"})
+    bold = CliRunner().invoke(app, ["plan", "--brief", "--min-free", "0", example], env={"COLUMNS": "200"})
+    assert default.exit_code == bold.exit_code == 0
+    used = [float(x.output.split(" GiB")[0].split(", ")[-1].split(" / ")[0]) for x in (default, bold)]
+    assert used[0] <= 0.9 * 80 < used[1]
