@@ -50,6 +50,23 @@ def _pids(base: str, rounds: int = 20) -> set[int]:
     return seen
 
 
+def _response(conn: socket.socket) -> str:
+    """One whole HTTP/1.1 response (headers, then Content-Length bytes of body) read from `conn`."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        assert chunk, f"connection closed after {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        assert chunk, "connection closed mid-body"
+        body += chunk
+    return (head + b"\r\n\r\n" + body).decode()
+
+
 def test_two_workers_answer_and_sigterm_finishes_the_request_in_flight_then_exits_0(
         fresh_postgres: str, tmp_path: Path) -> None:
     port, log, token = free_port(), tmp_path / "serve.log", bootstrap_token()
@@ -83,7 +100,7 @@ def test_two_workers_answer_and_sigterm_finishes_the_request_in_flight_then_exit
             slow.settimeout(15)
             # A first request on this connection, answered: a worker has accepted it and reads what comes next.
             slow.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-            assert slow.recv(65536).startswith(b"HTTP/1.1 200")
+            assert _response(slow).startswith("HTTP/1.1 200")
             slow.sendall(head + body[:4])  # in flight: the worker waits for the rest of the body
             time.sleep(0.2)  # (ordering only: the headers reach the worker before the signal does)
             proc.send_signal(signal.SIGTERM)
@@ -97,7 +114,7 @@ def test_two_workers_answer_and_sigterm_finishes_the_request_in_flight_then_exit
 
             wait_until(refused_new_requests, "serve to stop taking new requests", timeout=15)
             slow.sendall(body[4:])
-            answer = slow.recv(65536).decode()
+            answer = _response(slow)
         assert answer.startswith("HTTP/1.1 201"), answer
         assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
         engine = create_engine(fresh_postgres)
@@ -161,6 +178,14 @@ def test_a_sqlite_folder_that_cannot_be_created_is_one_line(tmp_path: Path) -> N
     done = run_shardctl(["db", "upgrade"], environ(tmp_path, f"sqlite:///{blocker}/sub/shardctl.db"))
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert f"SQLite file {blocker}/sub/shardctl.db" in done.stderr
+
+
+def test_a_pools_file_that_cannot_be_read_is_one_line(tmp_path: Path) -> None:
+    done = run_shardctl(["worker", "--once"], environ(tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}",
+                                                     SHARDCTL_POOLS_FILE=str(tmp_path / "missing.yaml")))
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]  # after the migration's own lines on a new database
+    assert last.startswith("error: SHARDCTL_POOLS_FILE:") and "missing.yaml" in last
 
 
 def test_several_workers_on_sqlite_are_refused_naming_postgresql(tmp_path: Path) -> None:

@@ -27,10 +27,12 @@ def test_sigterm_gives_back_the_leased_jobs_not_yet_submitted(env: Env, tmp_path
     # second job of its batch stays leased and unsubmitted.
     lock = os.open(local / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(lock, fcntl.LOCK_EX)
-    log = tmp_path / "worker.log"
-    proc = shardctl(["worker"], environ(tmp_path, env.url, SHARDCTL_DISPATCHER_BATCH="2", SHARDCTL_LOCAL_GPUS="cpu:8",
-                                       SHARDCTL_LOCAL_DEVICES="cpu:0-7", SHARDCTL_SHUTDOWN_GRACE_S="1",
-                                       SHARDCTL_DISPATCHER_INTERVAL_S="0.1"), log)
+    log, pools = tmp_path / "worker.log", tmp_path / "pools.yaml"
+    pools.write_text("pools: [{name: shared-cpu, backend: local, gpu: cpu, gpus: 8}]\n")  # the worker loads it
+    settings = {"SHARDCTL_DISPATCHER_BATCH": "2", "SHARDCTL_POOLS_FILE": str(pools),
+                "SHARDCTL_LOCAL_DEVICES": "cpu:0-7", "SHARDCTL_SHUTDOWN_GRACE_S": "1",
+                "SHARDCTL_DISPATCHER_INTERVAL_S": "0.1"}
+    proc = shardctl(["worker"], environ(tmp_path, env.url, **settings), log)
     try:
         def leases() -> dict[str, tuple[str, str | None]]:
             with env.app.state.sessions.begin() as session:
@@ -41,6 +43,8 @@ def test_sigterm_gives_back_the_leased_jobs_not_yet_submitted(env: Env, tmp_path
             return "SUBMITTING" in now and "QUEUED" in now and all(owner for _, owner in now.values())
 
         wait_until(both_leased, "one job in submission and one leased behind it", proc=proc, log=log)
+        with env.app.state.sessions.begin() as session:
+            assert set(session.scalars(select(Job.pool))) == {"shared-cpu"}  # admitted to the file's pool
         owner = leases()["QUEUED"][1]
         assert owner is not None and owner.endswith(f":{proc.pid}")
         proc.send_signal(signal.SIGTERM)
