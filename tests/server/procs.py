@@ -74,7 +74,7 @@ def wait_until(check: Callable[[], Any], what: str, timeout: float = 60, proc: s
 
 def wait_serving(base: str, proc: subprocess.Popen[bytes], log: Path) -> None:
     wait_until(lambda: httpx.get(f"{base}/healthz", timeout=2).status_code == 200, f"{base} serving", proc=proc,
-               log=log)
+               log=log, timeout=120)
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
