@@ -88,8 +88,8 @@ class Rejected(BaseModel):
     invalid: int = 0
     out_of_memory: int = 0
     dominated: int = Field(0, description="Skipped: a faster variant of the same layout already fits.")
-    slower: int = Field(0, description="Fit but are slower, or were skipped because compute alone is slower"
-                        " than 1.25x the best.")
+    slower: int = Field(0, description="Fit but were not chosen (slower, less headroom, less simple, or needing"
+                        " a runtime gap), or were skipped because compute alone is slower than 1.25x the best.")
 
 
 class Plan(BaseModel):

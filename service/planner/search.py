@@ -76,10 +76,6 @@ DIMENSIONS = ("tp", "pp", "cp", "sharding", "activation_checkpointing", "offload
 DEFAULT_MIN_FREE_FRACTION = 0.10
 # Layouts within this fraction of the fastest step time are near-ties: the simplest of them wins.
 SIMPLER_WITHIN = 0.03
-# Ranking tiers (`Candidate.tier`): runnable with room, runnable but tight, needs a runtime gap with
-# room, needs a gap and tight.
-TIER_WORDS = ("runnable with room", "under the free-memory minimum", "needs a runtime gap",
-              "needs a runtime gap and is under the free-memory minimum")
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,7 +246,7 @@ def runnable_pin_problems(pins: LayoutPins, precision: str) -> list[FieldProblem
     pinned = sharding_problems(
         tp=pins.tp or 1, pp=pins.pp or 1, sharding=pins.sharding or "fsdp", dp=1, dp_shard=1,
         sequence_parallel=bool(pins.sequence_parallel) and pins.tp is not None, precision=precision, cp=1,
-        attention="flash") if pins.sharding != "hsdp" else []
+        attention="flash")
     if pins.sharding is not None:
         pinned += offload_problems(sharding=pins.sharding, offload=pins.offload or "none")
     return [FieldProblem(loc=("layout", p.field), message=p.message) for p in pinned]
@@ -613,8 +609,8 @@ def choose(ctx: Context, result: SearchResult) -> None:
     decided: list[str] = []
     if tier >= 2:
         decided.append("gap")
-    if any(c.tier == tier + 1 and c.step_s < chosen.step_s for c in result.timed):
-        decided.append("headroom")
+    if tier % 2 == 0 and any(c.tier == tier + 1 and c.step_s < chosen.step_s for c in result.timed):
+        decided.append("headroom")  # a faster layout of the same kind leaves too little memory free
     if chosen is not fastest and chosen.step_s > fastest.step_s * (1 + 1e-9):
         decided.append("simplicity")
     result.decided_by = decided
