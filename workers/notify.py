@@ -191,7 +191,7 @@ class Notifier:
         headers = {"Content-Type": "application/json", "Shardctl-Event-Id": str(item.event_id),
                    "Shardctl-Event-Type": item.event_type, "Shardctl-Delivery-Id": item.delivery_id,
                    signing.HEADER: signing.sign(item.secrets, int(time.time()), body)}
-        url, extensions = item.url, {}
+        url, extensions = item.url, dict[str, str]()
         if addresses:  # connect to the address just checked, not to a new resolution of the name
             url, host_header, extensions = pinned(item.url, addresses[0])
             headers.update(host_header)
