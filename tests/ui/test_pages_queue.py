@@ -87,7 +87,7 @@ def test_teams_page_shows_quota_use_waiting_demand_and_gpu_hours(quiet_dashboard
     expect(card).to_be_visible()
     expect(page.locator("#team-audio")).to_have_count(0)  # a member sees their own team
     row = card.get_by_role("row", name=re.compile(r"^cpu"))
-    expect(row).to_contain_text("borrow 0")
+    expect(row).to_contain_text("may borrow 0")
     expect(row).to_contain_text("3 jobs, 3 GPUs")  # waiting demand
     expect(row.locator("td").last).to_have_text("1")  # GPU hours over the last days
     title = card.locator("svg title").text_content() or ""
