@@ -14,7 +14,7 @@ Rung k frees the layout fields of rungs 1..k and pins every other field to the f
 then calls the planner's public `plan` on the spec with those pins; fields the user pinned stay pinned
 (a rung that needs one of them finds nothing new and the ladder goes on). The planner itself chooses
 within a rung (the fastest layout that fits), so the result is deterministic: the same inputs give
-the same plan.
+the same plan (unless a rung's search passes `RUNG_BUDGET_S`, below).
 
 **The cap** (`memory_cap`). Bytes are tensor bytes per rank, the part the runtime can measure: the
 plan's `memory.total` less its runtime overhead and allocator margin (`predicted_allocated`), as the
@@ -27,7 +27,8 @@ plus the allocation that failed) and L the limit it ran into (device memory or t
   by measured/predicted, and it is never more than P, so the next layout always predicts less;
 - without a measurement (a process killed by the OOM killer, Slurm's OUT_OF_MEMORY) the cap is P.
 
-The planner is given the cap as the spec's GPU memory (`resources.gpu.memory_gib`, its documented input:
+Each rung's search has `RUNG_BUDGET_S` (30 s); one that runs past it is skipped, as a rung without an
+answer. The planner is given the cap as the spec's GPU memory (`resources.gpu.memory_gib`, its documented input:
 cap x (1 + the failed plan's allocator margin) + its runtime overhead, never more than the device, less a
 millionth so that the failed layout itself is out), and
 the plan it returns must predict strictly less than the cap; after `oom_host` it must also offload no
@@ -42,7 +43,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from service.failures import FailureClass, MeasuredOom
-from service.planner import InvalidSpec, Layout, Plan, SearchBudgetExceeded
+from service.planner import Deadline, InvalidSpec, Layout, Plan, SearchBudgetExceeded
 from service.planner import plan as make_plan
 from service.planner.hardware import GIB, resolve_cluster
 from service.spec import GpuOverride, LayoutPins, TrainingSpec
@@ -57,6 +58,8 @@ FREED: dict[Rung, tuple[str, ...]] = {
     "model_parallel": ("dp", "tp", "pp", "cp", "sequence_parallel", "pipeline_schedule", "virtual_stages"),
     "offload": ("offload",),
 }
+#: the most one rung's search may take; a rung past it is skipped (it runs inside the dispatcher's transaction)
+RUNG_BUDGET_S = 30.0
 _PIN_FIELDS = ("dp", "tp", "pp", "cp", "sharding", "dp_shard", "sequence_parallel", "micro_batch",
                "activation_checkpointing", "pipeline_schedule", "virtual_stages", "offload")
 
@@ -157,7 +160,7 @@ def next_plan(spec: TrainingSpec, failed: Plan, failure: FailureClass,
             continue
         try:
             pins = rung_pins(spec, failed.layout, rung)
-            candidate = make_plan(capped.model_copy(update={"layout": pins}))
+            candidate = make_plan(capped.model_copy(update={"layout": pins}), deadline=Deadline.after(RUNG_BUDGET_S))
         except ValidationError as exc:  # the failed layout's values and the user's pins disagree
             tried.append(f"{rung}: " + "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors()))
             continue
