@@ -55,7 +55,7 @@ def _spec(model: dict[str, int], world: int, nodes: int, gpu: str, precision: st
     })
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(model=models, world=st.sampled_from([1, 2, 4, 8]), two_nodes=st.booleans(),
        gpu=st.sampled_from(["cpu", "A100-SXM-40GB", "H100-SXM-80GB", "L40S-48GB"]),
        precision=st.sampled_from(["fp32", "bf16", "fp16"]), attention=st.sampled_from(["flash", "eager"]),
