@@ -200,8 +200,6 @@ class RequestGate:
     def _forwarded(self, scope: Scope, headers: Headers, secret: str | None) -> Principal | None:
         """The principal an authenticating proxy names, when forwarded identity is on (`deps.forwarded_identity`)."""
         settings: Settings = self.api.state.settings
-        if not settings.forwarded_auth:
-            return None
         client = scope.get("client")
         query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
         return forwarded_identity(settings, self.api.state.sessions, headers, query,
@@ -249,10 +247,12 @@ class RequestGate:
         scope[ROUTE_SCOPE_KEY] = entry.path  # the latency metric's label for a request refused here
         if needs.token:
             secret = bearer_secret(headers.get("authorization"))
-            try:
-                principal = await anyio.to_thread.run_sync(self._forwarded, scope, headers, secret)
-            except ApiError as exc:
-                return errors.error_response(exc.status, exc.code, exc.message, headers=exc.headers), receive
+            principal = None
+            if self.api.state.settings.forwarded_auth:  # off: not a thread hop more per request
+                try:
+                    principal = await anyio.to_thread.run_sync(self._forwarded, scope, headers, secret)
+                except ApiError as exc:
+                    return errors.error_response(exc.status, exc.code, exc.message, headers=exc.headers), receive
             if principal is None and secret:
                 principal = await anyio.to_thread.run_sync(self._authenticate, secret)
             if principal is None:
