@@ -59,9 +59,10 @@ class MemoryBudgetExceeded(torch.OutOfMemoryError):
 class MemoryBudget(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Counts live tensor storages on CPU and raises `MemoryBudgetExceeded` past `limit` bytes.
 
-    A storage is counted once, from when it is registered (`register`, for tensors made before the mode was
-    entered) or first returned by an operator while the mode is active, until it is freed. `peak` is the
-    largest count seen. Only CPU storages count; others pass through."""
+    A storage is counted from when it is registered (`register`, for tensors made before the mode was
+    entered) or first returned by an operator while the mode is active, until it is freed, at the size it
+    had when an operator last returned it (FSDP resizes its unsharded parameters' storages in place). `peak`
+    is the largest count seen. Only CPU storages count; others pass through."""
 
     def __init__(self, limit: int) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
@@ -75,9 +76,8 @@ class MemoryBudget(TorchDispatchMode):  # type: ignore[no-untyped-call]
         for t in tensors:
             self._count(t, check=False)
 
-    def _free(self, key: int, nbytes: int) -> None:
-        if self._live.pop(key, None) is not None:
-            self.held -= nbytes
+    def _free(self, key: int) -> None:
+        self.held -= self._live.pop(key, 0)
 
     def _count(self, t: torch.Tensor, *, check: bool) -> None:
         if isinstance(t, DTensor):
@@ -89,15 +89,16 @@ class MemoryBudget(TorchDispatchMode):  # type: ignore[no-untyped-call]
         except (RuntimeError, NotImplementedError):  # tensor subclasses without a storage of their own
             return
         key = id(storage)
-        if key in self._live:
-            return
         nbytes = int(storage.nbytes())
-        if check and self.held + nbytes > self.limit:
-            raise MemoryBudgetExceeded(self.held, nbytes, self.limit)
+        known = self._live.get(key)
+        grown = nbytes - (known or 0)
+        if check and grown > 0 and self.held + grown > self.limit:
+            raise MemoryBudgetExceeded(self.held, grown, self.limit)
+        if known is None:
+            weakref.finalize(storage, self._free, key)
         self._live[key] = nbytes
-        self.held += nbytes
+        self.held += grown
         self.peak = max(self.peak, self.held)
-        weakref.finalize(storage, self._free, key, nbytes)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
