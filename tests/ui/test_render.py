@@ -1,0 +1,56 @@
+"""The dashboard's pure parts, without a browser: formatting, chart scaling, the Jobs query's links,
+and the sign-in redirect that never leaves the dashboard."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from service.api.ui.charts import HEIGHT, PAD_BOTTOM, PAD_LEFT, PAD_RIGHT, PAD_TOP, WIDTH, series
+from service.api.ui.render import duration, human_bytes
+from service.api.ui.routers.auth import HOME, _safe_next
+from service.api.ui.routers.jobs import JobsQuery
+
+
+@pytest.mark.parametrize(("seconds", "shown"), [(0.25, "0.25 s"), (4.56, "4.6 s"), (65, "1 min 05 s"),
+                                                (7322, "2 h 02 min"), (90000, "1 d 1 h"), (None, "-")])
+def test_durations_read_as_people_write_them(seconds: float | None, shown: str) -> None:
+    assert duration(seconds) == shown
+
+
+def test_bytes_use_binary_units() -> None:
+    assert human_bytes(512) == "512 B" and human_bytes(3 * 2**30) == "3.0 GiB"
+
+
+def test_a_series_spans_the_chart_box_and_drops_non_finite_points() -> None:
+    line = series("Loss", [1, 2, 3, 4], [4.0, float("nan"), 2.0, 1.0])
+    assert line is not None and line.count == 3 and (line.y_min, line.y_max) == (1.0, 4.0)
+    xs = [float(p.split(",")[0]) for p in line.points.split()]
+    ys = [float(p.split(",")[1]) for p in line.points.split()]
+    assert xs[0] == PAD_LEFT and xs[-1] == WIDTH - PAD_RIGHT
+    assert ys[0] == PAD_TOP and ys[-1] == HEIGHT - PAD_BOTTOM  # the largest value on top
+    assert series("Loss", [1], [1.0]) is None
+
+
+def test_the_jobs_query_keeps_its_filters_in_links_and_reads_dates_as_whole_days() -> None:
+    query = JobsQuery.model_validate({"status": ["RUNNING"], "team": "vision", "since": "2026-11-30",
+                                      "until": "2026-12-01", "sort": "newest", "cursor": ""})
+    assert query.since == datetime(2026, 11, 30, tzinfo=UTC)
+    assert query.until == datetime(2026, 12, 2, tzinfo=UTC)  # the last day is included
+    assert query.until_input() == "2026-12-01"
+    link = query.url(sort="oldest", cursor=None)
+    again = JobsQuery.model_validate({"status": ["RUNNING"], "team": "vision", "since": "2026-11-30T00:00:00Z",
+                                      "until": "2026-12-02T00:00:00Z", "sort": "oldest"})
+    assert link.startswith("/ui/jobs?") and "status=RUNNING" in link and "team=vision" in link
+    assert "sort=oldest" in link and "cursor" not in link and again.filters().team == "vision"
+
+
+@pytest.mark.parametrize("target", ["https://evil.example/ui/jobs", "//evil.example/ui/jobs", "/v1/jobs",
+                                    "/ui\\..\\x", None, ""])
+def test_sign_in_only_returns_to_dashboard_pages(target: str | None) -> None:
+    assert _safe_next(target) == HOME
+
+
+def test_sign_in_returns_to_the_page_asked_for() -> None:
+    assert _safe_next("/ui/jobs/12?x=1") == "/ui/jobs/12?x=1"
