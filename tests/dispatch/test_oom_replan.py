@@ -38,6 +38,7 @@ def events(env: Env, job_id: int, admin: dict[str, str]) -> list[dict[str, Any]]
 
 
 # Real runs take a while on 2 cores: these run on SQLite only; `test_oom_bookkeeping.py` covers both databases.
+@pytest.mark.slow
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_a_job_over_its_memory_budget_succeeds_after_one_replan(env: Env, admin: dict[str, str],
                                                                 tmp_path: Path) -> None:
@@ -85,6 +86,7 @@ def test_a_job_over_its_memory_budget_succeeds_after_one_replan(env: Env, admin:
     assert data["new"] == job["layout"] and data["new"] in replanned[0]["message"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_without_recovery_a_job_over_its_memory_budget_fails_as_before(env: Env, admin: dict[str, str],
                                                                        tmp_path: Path) -> None:
