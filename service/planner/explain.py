@@ -72,7 +72,7 @@ _PART_WORDS = {"compute_s": "compute", "recompute_s": "recompute", "comm_exposed
 
 def why_slower(chosen: StepTime, other: StepTime) -> str:
     """How `other`'s step time compares with `chosen`'s, in numbers that agree with each other:
-    `+4.0% step time (+0.700 s): exposed communication +3.40 s, partly offset by compute -2.70 s`,
+    `+4.0% step time (+0.7 s per step): exposed communication +3.4 s, partly offset by compute -2.7 s`,
     or `9.3% faster (-0.326 s per step), mostly exposed communication (-0.199 s)`.
 
     The percentage is the difference in seconds over the chosen step time; the parts named are the
