@@ -2,8 +2,9 @@
 
 Thin over the store: `list_jobs` (keyset pages on the job id, the same as `GET /v1/jobs`, so a page
 costs the same with 100,000 jobs stored), `count_jobs_by_status` (one grouped count under the same
-filters and visibility) and, for the live rows, the event feed (`list_feed`, scoped like jobs). A
-member sees their team's jobs only, as in the API.
+filters and visibility, over at most the newest 10,000 matching jobs, so a filter no index serves
+stays cheap) and, for the live rows, the event feed (`list_feed`, scoped like jobs). A member sees
+their team's jobs only, as in the API.
 
 Sorting is by submission (the job id: newest or oldest first), which is what the keyset allows
 without a full scan; each filter narrows the query.
@@ -130,8 +131,8 @@ def _row(job: Job) -> str:
     return fragment_text("_job_row.html", job=job)
 
 
-def _counts(query: JobsQuery, counts: dict[JobStatus, int]) -> str:
-    return fragment_text("_job_counts.html", query=query, counts=counts, statuses=STATUSES)
+def _counts(query: JobsQuery, counts: tuple[dict[JobStatus, int], bool]) -> str:
+    return fragment_text("_job_counts.html", query=query, counts=counts[0], capped=counts[1], statuses=STATUSES)
 
 
 @router.get("/ui/jobs")
@@ -140,9 +141,9 @@ def jobs_page(request: Request, session: Signed, db: Db) -> Response:
     with db.begin() as tx:
         rows, next_cursor = list_jobs(tx, session.principal, query.filters(), limit=PAGE_SIZE, cursor=query.cursor,
                                       oldest_first=query.sort == "oldest")
-        counts = count_jobs_by_status(tx, session.principal, query.filters())
+        counts, capped = count_jobs_by_status(tx, session.principal, query.filters())
         after = latest_event_id(tx)
-        html = page(request, session, "jobs.html", title="Jobs", query=query, rows=rows, counts=counts,
+        html = page(request, session, "jobs.html", title="Jobs", query=query, rows=rows, counts=counts, capped=capped,
                     statuses=STATUSES, backends=list(BackendKind), problems=problems, next_cursor=next_cursor,
                     live_url=_live_url(query, rows, after))
     return html
