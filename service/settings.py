@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
 import platformdirs
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.backend_options import BackendKind
@@ -170,3 +171,25 @@ class Settings(BaseSettings):
                 url = "postgresql+psycopg://" + url.split("://", 1)[1]
             return url
         return f"sqlite:///{self.data_dir / 'shardctl.db'}"
+
+
+class SettingsError(ValueError):
+    """A setting from the environment that does not validate: one line per bad setting, naming its
+    environment variable (`load_settings`)."""
+
+
+def load_settings() -> Settings:
+    """`Settings()` from the environment, or `SettingsError` saying which `SHARDCTL_*` variable is
+    wrong and why (instead of pydantic's traceback)."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        lines = []
+        for error in exc.errors():
+            name = "SHARDCTL_" + str(error["loc"][0]).upper() if error["loc"] else "SHARDCTL_*"
+            value = os.environ.get(name)
+            secret = any(word in name for word in ("TOKEN", "URL", "SECRET", "PASSWORD"))
+            shown = f" (it is {value!r})" if value is not None and not secret else ""
+            message = str(error["msg"]).removeprefix("Value error, ")
+            lines.append(f"{name}{shown}: {message}; fix it or unset it (docs/server.md lists the settings)")
+        raise SettingsError("\n".join(lines)) from None

@@ -35,7 +35,7 @@ from service.observability import counters
 from service.observability.exposition import serve_metrics
 from service.observability.logs import configure_logging
 from service.planner import InvalidSpec
-from service.settings import Settings
+from service.settings import Settings, SettingsError, load_settings
 from service.spec import load_spec
 
 console = Console()
@@ -49,6 +49,16 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 
 T = TypeVar("T")
+
+
+def _settings() -> Settings:
+    """The settings from the environment, or each bad `SHARDCTL_*` variable on its own line and exit 1."""
+    try:
+        return load_settings()
+    except SettingsError as exc:
+        for line in str(exc).splitlines():
+            print_error(err, line)
+        raise typer.Exit(EXIT_ERROR) from None
 
 
 def fail(exc: Exception) -> typer.Exit:
@@ -135,7 +145,7 @@ def serve(host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0
     most SHARDCTL_SHUTDOWN_GRACE_S), stop the dispatcher, give back its leases, exit 0 (docs/server.md)."""
     import uvicorn
 
-    settings = Settings()
+    settings = _settings()
     configure_logging(settings.log_format, settings.log_level)
     if workers > 1 and settings.resolved_database_url.startswith("sqlite"):
         print_error(err, f"--workers {workers} needs PostgreSQL: SQLite takes its one write lock for every"
@@ -203,7 +213,7 @@ def worker(once: Annotated[bool, typer.Option("--once", help="Run one cycle and 
     """Run the dispatcher: lease queued jobs, submit them, keep their status true. Run any number of
     replicas against PostgreSQL. On SIGTERM: let the current cycle end (at most SHARDCTL_SHUTDOWN_GRACE_S),
     give back the jobs it leased and did not submit, exit 0."""
-    settings = Settings()
+    settings = _settings()
     configure_logging(settings.log_format, settings.log_level)
     sessions = _store(settings)
     _load_pools(settings, sessions)
@@ -253,7 +263,7 @@ def token_create(
     start) and saves the token in the CLI config; otherwise an admin token calls the API."""
     try:
         if admin:
-            secret = wiring.bootstrap_admin(_store(Settings()), name or "admin (cli)")
+            secret = wiring.bootstrap_admin(_store(_settings()), name or "admin (cli)")
             write_config(url=api_url(), token=secret)
             data: dict[str, Any] = {"token": secret}
         else:
@@ -322,7 +332,7 @@ def db_upgrade() -> None:
     """Apply every migration to the database SHARDCTL_DATABASE_URL names (default: the SQLite file)."""
     from service.store import migrate
 
-    settings = Settings()
+    settings = _settings()
     _store(settings).kw["bind"].dispose()  # migrates (a new SQLite file is created 0600 first), or one line why not
     console.out(f"database at revision {migrate.current_revision(settings.resolved_database_url)}")
 

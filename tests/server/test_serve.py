@@ -215,3 +215,18 @@ def test_the_readiness_of_an_api_whose_database_port_is_closed(tmp_path: Path) -
         answer = client.get("/readyz")
     assert answer.status_code == 503 and "database unreachable" in answer.json()["error"]["message"]
     assert "127.0.0.1" not in answer.text  # where the database is stays in the server's log
+
+
+@pytest.mark.parametrize("command", [["serve"], ["worker", "--once"], ["db", "upgrade"]])
+def test_a_bad_setting_is_one_line_naming_its_variable(command: list[str], tmp_path: Path) -> None:
+    done = run_shardctl(command, environ(tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}",
+                                         SHARDCTL_FORWARDED_TRUSTED_PROXIES='["not-an-address"]',
+                                         SHARDCTL_USAGE_BLEND="2"))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 2, done.stderr  # one per bad variable
+    proxies = next(line for line in lines if "SHARDCTL_FORWARDED_TRUSTED_PROXIES" in line)
+    assert "not-an-address" in proxies and "fix it or unset it" in proxies
+    blend = next(line for line in lines if "SHARDCTL_USAGE_BLEND" in line)
+    assert "'2'" in blend and "less than or equal to 1" in blend
+    assert not (tmp_path / "db.sqlite").exists()  # refused before anything was opened
