@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from service.api.ui.routers.job import VERDICTS
 from tests.specs import tiny
 from tests.ui.conftest import Dashboard, expect, run_axe, screenshots, sign_in
 
@@ -134,3 +135,22 @@ def test_admins_change_priority_and_members_are_refused(quiet_dashboard: Dashboa
     assert forged.status == 403
     with quiet_dashboard.api(member) as api:
         assert api.get(f"/v1/jobs/{new_id}").json()["status"] == "QUEUED"
+
+
+def test_the_profile_verdict_evidence_and_advice_are_shown(quiet_dashboard: Dashboard, page: Any) -> None:
+    from service.profiles import analyze_traces
+    from tests.api.test_profiles_api import GLOO
+
+    member = quiet_dashboard.token("member", team="vision")
+    with quiet_dashboard.api(member) as api:
+        job_id = api.post("/v1/jobs", json=tiny(name="profiled")).json()["id"]
+    summary = analyze_traces(GLOO)
+    with quiet_dashboard.api(quiet_dashboard.token("admin")) as api:
+        answer = api.post(f"/v1/jobs/{job_id}/profiles", json=summary.model_dump(mode="json"))
+        assert answer.status_code == 201, answer.text
+    sign_in(page, quiet_dashboard.url, member, next_path=f"/ui/jobs/{job_id}")
+    results = page.locator("#job-results")
+    expect(results).to_contain_text(f"Verdict: {VERDICTS[summary.diagnosis.bound]}")
+    expect(results).to_contain_text(summary.diagnosis.evidence[0])
+    if summary.diagnosis.recommendations:
+        expect(results).to_contain_text(summary.diagnosis.recommendations[0].text)

@@ -54,3 +54,12 @@ def test_sign_in_only_returns_to_dashboard_pages(target: str | None) -> None:
 
 def test_sign_in_returns_to_the_page_asked_for() -> None:
     assert _safe_next("/ui/jobs/12?x=1") == "/ui/jobs/12?x=1"
+
+
+def test_every_profile_verdict_has_words() -> None:
+    from typing import get_args
+
+    from service.api.ui.routers.job import VERDICTS
+    from service.profiles.models import Bound
+
+    assert set(VERDICTS) == set(get_args(Bound))

@@ -117,6 +117,12 @@ def report_losses(report: dict[str, Any] | None) -> list[Series]:
     return [line] if line is not None else []
 
 
+#: The profile's verdict in words (`service.profiles.models.Bound`).
+VERDICTS = {"compute": "compute-bound", "communication": "communication-bound", "memory": "memory-bound",
+            "input": "input-bound (waiting for data)", "host_launch": "host-launch-bound (CPU launch overhead)",
+            "idle": "mostly idle", "balanced": "balanced (no single bottleneck)"}
+
+
 def profile_of(job: JobOut) -> ProfileSummary | None:
     found = job.measurements.get(MeasurementKind.PROFILE)
     if found is None:
@@ -149,7 +155,7 @@ def sections(session: Session, principal: Principal, job_id: int) -> dict[str, A
     if not charts:
         charts = report_losses(report_data)
     return {"job": job, "events": events, "timeline": timeline(job, events), "charts": charts, "beat": beat,
-            "report": report_data, "compared": COMPARED, "profile": profile_of(job),
+            "report": report_data, "compared": COMPARED, "profile": profile_of(job), "verdicts": VERDICTS,
             "segments": memory_segments(job.plan.memory), "terminal": job.status in TERMINAL,
             "spec_yaml": yaml.safe_dump(json.loads(job.spec.model_dump_json(exclude_none=True)), sort_keys=False),
             "last_event": events[-1].id if events else 0, "now": utcnow()}
@@ -191,6 +197,8 @@ def job_live(job_id: JobId, request: Request, session: Signed, db: Db,
                 batch.add("job-events", fragment_text("_job_event.html", event=event), swap="append")
             for name in ("overview", "attempts", "results", "chart"):
                 batch.add(f"job-{name}", _render(f"_job_{name}.html", session, context))
+            if context["job"].status not in WAITING:
+                batch.add("job-pending", "")  # it no longer waits: "why pending" is gone, not stale
             if fresh:
                 batch.cursor = fresh[-1].id
             seen_beat = beat
@@ -242,6 +250,10 @@ def logs_live(job_id: JobId, request: Request, session: Signed, db: Db) -> Respo
                 yield sse_message("html", {"target": "job-logs", "swap": "append",
                                            "html": fragment_text("_log_line.html", line=data)}, ident)
             elif kind == "end":
+                attempt = data.get("attempt")
+                text = f"End of attempt {attempt}'s output." if attempt else "The job ended before it printed anything."
+                yield sse_message("html", {"target": "job-logs-state", "swap": "inner",
+                                           "html": fragment_text("_log_state.html", text=text)})
                 yield sse_message("end", {}, ident)
             elif kind == "error":
                 text = data.get("error", {}).get("message", "the log stream ended")
