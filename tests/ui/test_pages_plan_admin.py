@@ -121,7 +121,7 @@ def test_a_quota_edit_reaches_the_api_and_a_bad_one_names_the_field(quiet_dashbo
     form.get_by_label("Highest priority").fill("50")
     form.get_by_role("button", name="Save quota").click()
     expect(page.locator("#admin-notice")).to_contain_text("Team audio's quota is saved")
-    expect(page.locator("#admin-team-audio")).to_contain_text("cpu: 2 (lend 1)")  # empty "may borrow": any
+    expect(page.locator("#admin-team-audio")).to_contain_text("cpu: 2, may lend 1")  # empty "may borrow": any
     with quiet_dashboard.api(world.admin) as api:
         quota = api.get("/v1/teams/audio/quota").json()["quota"]
     assert quota["flavors"]["cpu"] == {"nominal": 2, "borrowing_limit": None, "lending_limit": 1}
