@@ -8,9 +8,11 @@ from datetime import UTC, datetime
 import pytest
 
 from service.api.ui.charts import HEIGHT, PAD_BOTTOM, PAD_LEFT, PAD_RIGHT, PAD_TOP, WIDTH, series
+from service.api.ui.limits import MAX_FORM_BYTES
 from service.api.ui.render import duration, human_bytes
 from service.api.ui.routers.auth import HOME, _safe_next
 from service.api.ui.routers.jobs import JobsQuery
+from tests.db_fixtures import Env
 
 
 @pytest.mark.parametrize(("seconds", "shown"), [(0.25, "0.25 s"), (4.56, "4.6 s"), (65, "1 min 05 s"),
@@ -63,3 +65,11 @@ def test_every_profile_verdict_has_words() -> None:
     from service.profiles.models import Bound
 
     assert set(VERDICTS) == set(get_args(Bound))
+
+
+def test_dashboard_posts_are_small_url_encoded_forms(env: Env) -> None:
+    big = env.client.post("/ui/login", data={"token": "x" * (MAX_FORM_BYTES + 10)})
+    assert big.status_code == 413
+    upload = env.client.post("/ui/login", files={"token": ("t.txt", b"shc_x")})
+    assert upload.status_code == 415 and "application/x-www-form-urlencoded" in upload.text
+    assert env.client.post("/ui/login", data={"token": "shc_x"}).status_code == 403  # small: read (no form token)

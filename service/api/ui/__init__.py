@@ -11,6 +11,7 @@ Layout of this package:
 - `nav.py`: the header's entries.
 - `live.py`: the server-sent-events response the live parts of pages use.
 - `docs_assets.py`: `/docs` and `/redoc` on the vendored Swagger UI and ReDoc.
+- `limits.py`: POSTs under `/ui/` are small URL-encoded forms (415, 413 otherwise).
 - `routers/`: one module per page (thin: they call the store's and the API's plain functions, which
   apply the same visibility as the API).
 - `templates/`, `static/`.
@@ -25,6 +26,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.responses import RedirectResponse
 
 from service.api.ui import errors
+from service.api.ui.limits import UiBodyLimit
 from service.api.ui.render import STATIC_DIR, STATIC_URL
 from service.api.ui.routers import admin, auth, job, jobs, plan, pools, queue, teams
 from service.store.tokens import NotFound
@@ -47,3 +49,4 @@ def mount_ui(app: FastAPI) -> None:
     for router in PAGE_ROUTERS:
         app.include_router(router, include_in_schema=False)
     app.mount(STATIC_URL, StaticFiles(directory=STATIC_DIR), name="ui-static")
+    app.add_middleware(UiBodyLimit)  # added before the request gate: it runs inside it
