@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import parse_qsl
 
 import anyio.to_thread
 from fastapi import FastAPI, params
@@ -201,9 +200,7 @@ class RequestGate:
         """The principal an authenticating proxy names, when forwarded identity is on (`deps.forwarded_identity`)."""
         settings: Settings = self.api.state.settings
         client = scope.get("client")
-        query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
-        return forwarded_identity(settings, self.api.state.sessions, headers, query,
-                                  client[0] if client else None, secret)
+        return forwarded_identity(settings, self.api.state.sessions, headers, client[0] if client else None, secret)
 
     def _authenticate(self, secret: str) -> Principal | None:
         with self.api.state.sessions.begin() as session:

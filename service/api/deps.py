@@ -43,28 +43,18 @@ def bearer_secret(authorization: str | None) -> str | None:
     return credentials if scheme.lower() == "bearer" and credentials else None
 
 
-STREAM_NEEDS_TOKEN = ("a live stream needs a shardctl bearer token (it checks the token again on every poll):"
-                      " send 'Authorization: Bearer shc_...' (shardctl token create)")
-
-
-def _wants_stream(headers: Mapping[str, str], query: Mapping[str, str]) -> bool:
-    return "text/event-stream" in headers.get("accept", "") or any(
-        query.get(flag, "").lower() in ("true", "1", "yes", "on") for flag in ("stream", "follow"))
-
-
 def forwarded_identity(settings: Settings, sessions: sessionmaker[Session], headers: Mapping[str, str],
-                       query: Mapping[str, str], client_host: str | None, secret: str | None) -> Principal | None:
+                       client_host: str | None, secret: str | None) -> Principal | None:
     """The principal an authenticating proxy names (`service.api.forwarded`), or None: forwarded identity
     is off, the peer is not a trusted proxy, no user header came, or a shardctl token came (it wins).
-    Raises `ApiError` (400, 401 for a live stream, 403) when the proxy names a user who may not act."""
+    Raises `ApiError` (400, 403) when the proxy names a user who may not act. Live streams accept it
+    too (`service.api.stream_auth`)."""
     if not settings.forwarded_auth or is_shardctl_token(secret):
         return None
     try:
         who = read_forwarded(settings, headers, client_host)
         if who is None:
             return None
-        if _wants_stream(headers, query):
-            raise ApiError(401, "unauthorized", STREAM_NEEDS_TOKEN, headers=UNAUTHORIZED_HEADERS)
         return forwarded_principal(settings, sessions, who, (headers.get(TEAM_HEADER) or "").strip() or None)
     except ForwardedRefused as exc:
         raise ApiError(exc.status, "forbidden" if exc.status == 403 else "bad_request", exc.message) from None
@@ -77,7 +67,7 @@ def get_principal(request: Request, db: Db,
         return known
     settings: Settings = request.app.state.settings
     if settings.forwarded_auth:
-        forwarded = forwarded_identity(settings, db, request.headers, request.query_params,
+        forwarded = forwarded_identity(settings, db, request.headers,
                                        request.client.host if request.client else None,
                                        credentials.credentials if credentials else None)
         if forwarded is not None:

@@ -27,9 +27,10 @@ from service.api.notify_schemas import EventPage, FeedEventOut
 from service.api.routers.jobs import EVENT_ID, EVENT_STREAM, HEARTBEAT_S, EventStreamResponse
 from service.api.schemas import ErrorResponse
 from service.api.sse import KEEP_ALIVE, sse_message
+from service.api.stream_auth import StreamAuth, as_stream_auth, for_stream
 from service.names import Label
 from service.store.event_feed import MAX_FEED_PAGE, FeedEvent, FeedFilter, list_feed
-from service.store.tokens import Principal, authenticate
+from service.store.tokens import Principal
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/events", tags=["events"])
@@ -59,23 +60,24 @@ def feed_out(row: FeedEvent) -> FeedEventOut:
 
 
 
-def _poll(db: sessionmaker[Session], secret: str, filters: FeedFilter, after: int,
-          token_grace_s: float) -> list[FeedEventOut] | None:
-    """One poll in one transaction: the token again (None when it stopped working), then the events."""
+def _poll(db: sessionmaker[Session], auth: StreamAuth, filters: FeedFilter, after: int) -> list[FeedEventOut] | None:
+    """One poll in one transaction: the caller again (None when it stopped working), then the events."""
     with db.begin() as session:
-        principal = authenticate(session, secret, job_token_grace_s=token_grace_s)
+        principal = auth(session)
         if principal is None:
             return None
         return [feed_out(row) for row in list_feed(session, principal, filters, since=after, limit=MAX_FEED_PAGE)]
 
 
-async def feed_stream(db: sessionmaker[Session], secret: str, filters: FeedFilter, after: int, poll_s: float,
-                      token_grace_s: float, heartbeat_s: float = HEARTBEAT_S) -> AsyncIterator[str]:
-    """Server-sent events, one per event after `after`, until the token stops working."""
+async def feed_stream(db: sessionmaker[Session], auth: StreamAuth | str, filters: FeedFilter, after: int,
+                      poll_s: float, token_grace_s: float, heartbeat_s: float = HEARTBEAT_S) -> AsyncIterator[str]:
+    """Server-sent events, one per event after `after`, until the caller's token stops working (`auth`:
+    `service.api.stream_auth`; a string is a bearer secret)."""
+    check = as_stream_auth(auth, token_grace_s)
     last_beat = time.monotonic()
     while True:
         try:
-            events = await anyio.to_thread.run_sync(_poll, db, secret, filters, after, token_grace_s)
+            events = await anyio.to_thread.run_sync(_poll, db, check, filters, after)
         except Exception:  # the database went away: say so, rather than cut the stream mid-message
             log.exception("event feed stream: poll failed")
             yield sse_message("error", {"error": {"code": "unavailable", "message": "the database did not answer;"
@@ -99,12 +101,12 @@ def _stream(request: Request, principal: Principal, credentials: HTTPAuthorizati
             filters: FeedFilter, since: int, last_event_id: str) -> EventStreamResponse:
     if last_event_id and EVENT_ID.fullmatch(last_event_id) is None:  # empty: none, as EventSource means it
         raise ApiError(400, "bad_request", "Last-Event-ID must be an event id: 1 to 18 digits")
-    assert credentials is not None  # `Caller` answered 401 without one
     settings = request.app.state.settings
+    auth = for_stream(principal, credentials, settings.job_token_grace_s)
     release = request.app.state.streams.acquire(principal.token_id, total=settings.max_streams,
                                                 per_token=settings.max_streams_per_token)
     start = int(last_event_id) if last_event_id else since
-    return EventStreamResponse(feed_stream(request.app.state.sessions, credentials.credentials, filters, start,
+    return EventStreamResponse(feed_stream(request.app.state.sessions, auth, filters, start,
                                            settings.events_poll_s, settings.job_token_grace_s), release)
 
 

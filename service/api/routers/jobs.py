@@ -22,6 +22,7 @@ from service.api.deps import Caller, Db, Person, Reporter, Unstorable, bearer, c
 from service.api.errors import INVALID_SPEC, ApiError
 from service.api.schemas import ErrorField, ErrorResponse, EventOut, JobOut, JobPage, MeasurementIn, MeasurementOut
 from service.api.sse import KEEP_ALIVE, sse_message
+from service.api.stream_auth import StreamAuth, as_stream_auth, for_stream
 from service.api.submission import submit
 from service.api.views import event_out, job_out, job_summary
 from service.backend_options import BackendKind
@@ -37,7 +38,7 @@ from service.store.jobs import (
     list_jobs,
     visible_job,
 )
-from service.store.tokens import DEFAULT_JOB_TOKEN_GRACE_S, NotFound, authenticate
+from service.store.tokens import DEFAULT_JOB_TOKEN_GRACE_S, NotFound
 from service.store.vocab import JobStatus
 
 log = logging.getLogger(__name__)
@@ -191,12 +192,11 @@ class EventStreamResponse(StreamingResponse):
 
 
 
-def _poll(db: sessionmaker[Session], secret: str, job_id: int, after: int,
-          token_grace_s: float) -> tuple[list[EventOut], bool] | str:
-    """One poll, in one transaction: the token again (a revoked or expired one ends the stream), the
+def _poll(db: sessionmaker[Session], auth: StreamAuth, job_id: int, after: int) -> tuple[list[EventOut], bool] | str:
+    """One poll, in one transaction: the caller again (a revoked or expired token ends the stream), the
     job (still visible to it), the events after `after`. A string names why the stream must end."""
     with db.begin() as session:
-        principal = authenticate(session, secret, job_token_grace_s=token_grace_s)
+        principal = auth(session)
         if principal is None:
             return "unauthorized"
         try:
@@ -206,14 +206,16 @@ def _poll(db: sessionmaker[Session], secret: str, job_id: int, after: int,
         return [event_out(e) for e in list_events(session, job, after=after)], is_terminal(job)
 
 
-async def event_stream(db: sessionmaker[Session], secret: str, job_id: int, after: int,
+async def event_stream(db: sessionmaker[Session], auth: StreamAuth | str, job_id: int, after: int,
                        poll_s: float, token_grace_s: float = DEFAULT_JOB_TOKEN_GRACE_S) -> AsyncIterator[str]:
-    """Server-sent events until the job is terminal and every event has been sent. Runs on the event
-    loop: it sleeps there, and each poll borrows a worker thread only for its database reads."""
+    """Server-sent events until the job is terminal and every event has been sent (`auth`: who it acts
+    for, `service.api.stream_auth`; a string is a bearer secret). Runs on the event loop: it sleeps
+    there, and each poll borrows a worker thread only for its database reads."""
+    check = as_stream_auth(auth, token_grace_s)
     last_beat = time.monotonic()
     while True:
         try:
-            polled = await anyio.to_thread.run_sync(_poll, db, secret, job_id, after, token_grace_s)
+            polled = await anyio.to_thread.run_sync(_poll, db, check, job_id, after)
         except Exception:  # the database went away: say so, rather than cut the stream mid-message
             log.exception("event stream of job %s: poll failed", job_id)
             yield sse_message("error", {"error": {"code": "unavailable", "message": "the database did not answer;"
@@ -265,14 +267,14 @@ def get_events(job_id: JobId, principal: Caller, db: Db, request: Request,
         job = visible_job(session, principal, job_id)
         if not (stream or EVENT_STREAM in request.headers.get("accept", "")):
             return [event_out(e) for e in list_events(session, job, after=after)]
-    assert credentials is not None  # `Caller` answered 401 without one
     limits = request.app.state.settings
+    auth = for_stream(principal, credentials, limits.job_token_grace_s)
     release = request.app.state.streams.acquire(principal.token_id, total=limits.max_streams,
                                                 per_token=limits.max_streams_per_token)
     start = int(last_event_id) if last_event_id else after
     poll_s = request.app.state.settings.events_poll_s
     grace = request.app.state.settings.job_token_grace_s
-    return EventStreamResponse(event_stream(db, credentials.credentials, job_id, start, poll_s, grace), release)
+    return EventStreamResponse(event_stream(db, auth, job_id, start, poll_s, grace), release)
 
 
 @router.post("/{job_id}/measurements", response_model=MeasurementOut, status_code=201, responses=ERRORS,

@@ -38,6 +38,7 @@ from service.api.logs_source import LogReader
 from service.api.routers.jobs import EVENT_STREAM, EventStreamResponse, JobId
 from service.api.schemas import ErrorResponse
 from service.api.sse import KEEP_ALIVE, sse_message
+from service.api.stream_auth import StreamAuth, as_stream_auth, for_stream
 from service.joblogs import (
     MAX_CURSOR_CHARS,
     ArtifactInfo,
@@ -53,7 +54,7 @@ from service.joblogs import (
 )
 from service.store.jobs import is_terminal, visible_job
 from service.store.models import Attempt, Job
-from service.store.tokens import DEFAULT_JOB_TOKEN_GRACE_S, NotFound, authenticate
+from service.store.tokens import DEFAULT_JOB_TOKEN_GRACE_S, NotFound
 from service.store.vocab import AttemptStatus
 
 log = logging.getLogger(__name__)
@@ -216,10 +217,10 @@ def get_logs(job_id: JobId, principal: Caller, db: Db, request: Request,
         ref = None if picked is None else _ref(job, picked)
         ended = is_terminal(job) if picked is None else _ended(job, picked)
     if follow:
-        assert credentials is not None  # `Caller` answered 401 without one
         settings = request.app.state.settings
+        auth = for_stream(principal, credentials, settings.job_token_grace_s)
         release = request.app.state.log_followers.acquire(settings.max_log_followers)
-        stream = follow_logs(db, reader, credentials.credentials, job_id, number, rank, inner,
+        stream = follow_logs(db, reader, auth, job_id, number, rank, inner,
                              poll_s=settings.logs_poll_s, heartbeat_s=settings.logs_heartbeat_s,
                              token_grace_s=settings.job_token_grace_s)
         return EventStreamResponse(stream, release)
@@ -255,12 +256,12 @@ def _read(reader: LogReader, ref: AttemptRef, rank: int | None, cursor: str | No
 
 
 
-def _state(db: sessionmaker[Session], secret: str, job_id: int, number: int | None,
-           token_grace_s: float) -> tuple[AttemptRef | None, bool] | str:
-    """One look at the store, in one transaction: the token again (a revoked or expired one ends the
-    stream), the job (still visible to it), the attempt and whether it has ended."""
+def _state(db: sessionmaker[Session], auth: StreamAuth, job_id: int,
+           number: int | None) -> tuple[AttemptRef | None, bool] | str:
+    """One look at the store, in one transaction: the caller again (a revoked or expired token ends
+    the stream), the job (still visible to it), the attempt and whether it has ended."""
     with db.begin() as session:
-        principal = authenticate(session, secret, job_token_grace_s=token_grace_s)
+        principal = auth(session)
         if principal is None:
             return "unauthorized"
         try:
@@ -273,15 +274,17 @@ def _state(db: sessionmaker[Session], secret: str, job_id: int, number: int | No
         return _ref(job, picked), _ended(job, picked)
 
 
-async def follow_logs(db: sessionmaker[Session], reader: LogReader, secret: str, job_id: int, number: int | None,
-                      rank: int | None, cursor: str | None, *, poll_s: float, heartbeat_s: float,
+async def follow_logs(db: sessionmaker[Session], reader: LogReader, auth: StreamAuth | str, job_id: int,
+                      number: int | None, rank: int | None, cursor: str | None, *, poll_s: float, heartbeat_s: float,
                       token_grace_s: float = DEFAULT_JOB_TOKEN_GRACE_S) -> AsyncIterator[str]:
-    """Server-sent events until the attempt has ended and all it printed was sent. The end is taken
-    from the store before each read, so a read after it has seen everything the attempt wrote."""
+    """Server-sent events until the attempt has ended and all it printed was sent (`auth`: who it acts
+    for, `service.api.stream_auth`; a string is a bearer secret). The end is taken from the store
+    before each read, so a read after it has seen everything the attempt wrote."""
+    check = as_stream_auth(auth, token_grace_s)
     last_beat = time.monotonic()
     while True:
         try:
-            state = await anyio.to_thread.run_sync(_state, db, secret, job_id, number, token_grace_s)
+            state = await anyio.to_thread.run_sync(_state, db, check, job_id, number)
         except ApiError as exc:
             yield sse_message("error", {"error": {"code": exc.code, "message": exc.message}})
             return
