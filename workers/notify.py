@@ -96,6 +96,7 @@ class Answer:
     error: str | None = None
     retry_after: str | None = None
     final_error: bool = False  # an error no retry can fix (an address that is not allowed)
+    connect_failed: bool = False  # no connection to that address: the next checked one is tried
 
 
 class Notifier:
@@ -191,14 +192,24 @@ class Notifier:
         headers = {"Content-Type": "application/json", "Shardctl-Event-Id": str(item.event_id),
                    "Shardctl-Event-Type": item.event_type, "Shardctl-Delivery-Id": item.delivery_id,
                    signing.HEADER: signing.sign(item.secrets, int(time.time()), body)}
-        url, extensions = item.url, dict[str, str]()
-        if addresses:  # connect to the address just checked, not to a new resolution of the name
-            url, host_header, extensions = pinned(item.url, addresses[0])
-            headers.update(host_header)
+        # connect to an address just checked (in the resolver's order, the next one when one refuses the
+        # connection), never to a new resolution of the name; with private addresses allowed, httpx resolves
+        targets: list[str | None] = list(addresses) or [None]
+        answer = Answer(error="no address to connect to")
+        for address in targets:
+            answer = self._post(item, body, headers, address)
+            if not answer.connect_failed:
+                break
+        return answer
+
+    def _post(self, item: Leased, body: bytes, headers: dict[str, str], address: str | None) -> Answer:
+        url, extensions, sent = item.url, dict[str, str](), dict(headers)
         started = time.perf_counter()
         try:
-            with self.client.stream("POST", url, content=body, headers=headers,
-                                    extensions=extensions) as response:
+            if address is not None:
+                url, host_header, extensions = pinned(item.url, address)
+                sent.update(host_header)
+            with self.client.stream("POST", url, content=body, headers=sent, extensions=extensions) as response:
                 excerpt = b""
                 for chunk in response.iter_bytes():
                     excerpt += chunk
@@ -212,9 +223,14 @@ class Notifier:
         except httpx.TimeoutException as exc:
             return Answer(latency_ms=(time.perf_counter() - started) * 1000,
                           error=f"timed out after {self.config.timeout_s:g} s ({type(exc).__name__})")
+        except httpx.ConnectError as exc:
+            return Answer(latency_ms=(time.perf_counter() - started) * 1000, connect_failed=True,
+                          error=f"{type(exc).__name__}: {exc}" + (f" ({address})" if address else ""))
         except httpx.HTTPError as exc:
             return Answer(latency_ms=(time.perf_counter() - started) * 1000,
                           error=f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # a request that cannot even be made (never retried: it would fail again)
+            return Answer(error=f"the request could not be made: {type(exc).__name__}: {exc}", final_error=True)
 
     def _outcome(self, item: Leased, answer: Answer, now: datetime) -> tuple[DeliveryOutcome, datetime | None]:
         """What came of the attempt, and when the next one is due (None: no next one)."""

@@ -5,6 +5,7 @@ make the dispatcher reach what only it can reach."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import socket
 from urllib.parse import urlsplit
@@ -30,11 +31,13 @@ def _refused_ip(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None
 
 
 def resolve(host: str, port: int) -> list[str]:
-    """The addresses `host` resolves to (an IP literal resolves to itself); [] when it does not."""
+    """The addresses `host` resolves to, in the resolver's order of preference (an IP literal resolves
+    to itself), each once; [] when it does not resolve."""
     try:
-        return sorted({str(info[4][0]) for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)})
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError):
         return []
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
 def check_url(url: str, *, allow_private: bool) -> str:
@@ -83,10 +86,12 @@ def check_address(host: str, port: int, *, allow_private: bool) -> list[str]:
 
 def pinned(url: str, address: str) -> tuple[str, dict[str, str], dict[str, str]]:
     """(url, headers, extensions) that send a request for `url` to `address` (a checked IP of its
-    host): the URL names the address, `Host` keeps the name, and for https the TLS server name
-    (`sni_hostname`, which the certificate is also verified against) keeps it too."""
+    host): the URL names the address, `Host` keeps the name (IDNA-encoded), and for https the TLS
+    server name (`sni_hostname`, which the certificate is also verified against) keeps it too."""
     parts = urlsplit(url)
     host = parts.hostname or ""
+    with contextlib.suppress(UnicodeError):  # Host and the TLS name travel as ASCII: a Unicode name as IDNA
+        host = host.encode("idna").decode("ascii")
     ip = ipaddress.ip_address(address.split("%", 1)[0])
     literal = f"[{address}]" if ip.version == 6 else address
     netloc = literal if parts.port is None else f"{literal}:{parts.port}"

@@ -62,3 +62,22 @@ def test_pinned_keeps_the_name_for_host_and_tls() -> None:
                                           {"sni_hostname": "hooks.example.com"})
     url, headers, extensions = addresses.pinned("http://hooks.example.com:8080/x", "2606:2800:220:1::1")
     assert (url, headers, extensions) == ("http://[2606:2800:220:1::1]:8080/x", {"Host": "hooks.example.com:8080"}, {})
+
+
+def test_every_checked_address_is_tried_in_order_and_an_idna_host_is_sent(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A receiver with two addresses, the first refusing connections (a dual-stack name on a machine
+    without that route), is reached on the second; an internationalised name travels as IDNA."""
+    monkeypatch.setattr(addresses, "_refused_ip", lambda ip: None)
+    sessions = make_sessionmaker(make_engine(f"sqlite:///{tmp_path / 'unused.db'}"))
+    notifier = Notifier(sessions, NotifierConfig(allow_private=False))
+    try:
+        with receiver() as hook:
+            port = urlsplit(hook.url).port
+            # the receiver listens on 127.0.0.1 only: on 127.0.0.2, its port refuses connections
+            monkeypatch.setattr(addresses, "resolve", lambda host, p: ["127.0.0.2", "127.0.0.1"])
+            answer = notifier.send(leased(f"http://bücher.rebind.invalid:{port}/hook"))
+            assert answer.status == 200, answer
+            assert hook.wait_for(1)[0].headers["host"] == f"xn--bcher-kva.rebind.invalid:{port}"
+    finally:
+        notifier.close()
