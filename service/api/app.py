@@ -200,7 +200,8 @@ class RequestGate:
         """The principal an authenticating proxy names, when forwarded identity is on (`deps.forwarded_identity`)."""
         settings: Settings = self.api.state.settings
         client = scope.get("client")
-        return forwarded_identity(settings, self.api.state.sessions, headers, client[0] if client else None, secret)
+        return forwarded_identity(settings, self.api.state.sessions, headers, client[0] if client else None, secret,
+                                  str(scope.get("method", "GET")))
 
     def _authenticate(self, secret: str) -> Principal | None:
         with self.api.state.sessions.begin() as session:

@@ -43,18 +43,36 @@ def bearer_secret(authorization: str | None) -> str | None:
     return credentials if scheme.lower() == "bearer" and credentials else None
 
 
+#: Methods a browser may send cross-site without asking (a form, a link): they must not change anything.
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+CROSS_SITE = ("a request that changes something, made as a user the proxy signed in, must come from this site: a"
+              " browser page on another site cannot act for them. Scripts and tools send the header"
+              " 'X-Requested-With: shardctl' (a form on another site cannot send it)")
+
+
+def same_site(headers: Mapping[str, str]) -> bool:
+    """Whether a request that relies on a browser's sign-in (the proxy's cookie) was not forged by another
+    site: `X-Requested-With` (a cross-site form cannot send it, and sending it cross-site needs a CORS
+    preflight this API never answers), or the browser's own `Sec-Fetch-Site` saying same-origin or none."""
+    return bool(headers.get("x-requested-with")) or headers.get("sec-fetch-site", "") in ("same-origin", "none")
+
+
 def forwarded_identity(settings: Settings, sessions: sessionmaker[Session], headers: Mapping[str, str],
-                       client_host: str | None, secret: str | None) -> Principal | None:
+                       client_host: str | None, secret: str | None, method: str = "GET") -> Principal | None:
     """The principal an authenticating proxy names (`service.api.forwarded`), or None: forwarded identity
     is off, the peer is not a trusted proxy, no user header came, or a shardctl token came (it wins).
-    Raises `ApiError` (400, 403) when the proxy names a user who may not act. Live streams accept it
-    too (`service.api.stream_auth`)."""
+    Raises `ApiError` (400, 403) when the proxy names a user who may not act, and 403 for a `method`
+    that changes something without proof it came from this site (`same_site`: the proxy's sign-in is a
+    cookie, which a browser also sends with another site's forms). Live streams accept it too
+    (`service.api.stream_auth`)."""
     if not settings.forwarded_auth or is_shardctl_token(secret):
         return None
     try:
         who = read_forwarded(settings, headers, client_host)
         if who is None:
             return None
+        if method.upper() not in SAFE_METHODS and not same_site(headers):
+            raise ApiError(403, "forbidden", CROSS_SITE)
         return forwarded_principal(settings, sessions, who, (headers.get(TEAM_HEADER) or "").strip() or None)
     except ForwardedRefused as exc:
         raise ApiError(exc.status, "forbidden" if exc.status == 403 else "bad_request", exc.message) from None
@@ -69,7 +87,7 @@ def get_principal(request: Request, db: Db,
     if settings.forwarded_auth:
         forwarded = forwarded_identity(settings, db, request.headers,
                                        request.client.host if request.client else None,
-                                       credentials.credentials if credentials else None)
+                                       credentials.credentials if credentials else None, request.method)
         if forwarded is not None:
             request.scope[PRINCIPAL_SCOPE_KEY] = forwarded
             return forwarded

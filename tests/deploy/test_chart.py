@@ -315,6 +315,7 @@ def test_oauth2_proxy_sidecar_and_forwarded_trust_only_then() -> None:
     assert names == ["api", "oauth2-proxy"]
     proxy = api["containers"][1]
     assert "--upstream=http://127.0.0.1:8686/" in proxy["args"]
+    assert "--cookie-samesite=lax" in proxy["args"]  # its sign-in cookie stays off other sites' forms
     assert all(v["secretKeyRef"]["name"] == "shardctl-oauth2" for v in env_of(proxy).values())
     env = env_of(api["containers"][0])
     assert env["SHARDCTL_FORWARDED_AUTH"] == "true"

@@ -42,7 +42,8 @@ def serve(db_url: str, tmp_path: Path) -> Serve:
 
 
 def as_user(user: str, groups: str, **extra: str) -> dict[str, str]:
-    return {"X-Forwarded-User": user, "X-Forwarded-Groups": groups, **extra}
+    """What the proxy forwards for `user`, from a tool of this site (`X-Requested-With`)."""
+    return {"X-Forwarded-User": user, "X-Forwarded-Groups": groups, "X-Requested-With": "shardctl", **extra}
 
 
 def test_off_by_default_the_headers_are_ignored(serve: Serve) -> None:
@@ -135,3 +136,19 @@ def test_live_streams_follow_a_forwarded_user_with_its_visibility(serve: Serve) 
         other = httpx.get(f"{base}/v1/jobs/{theirs}/events", params={"stream": "true"},
                           headers=as_user("bob", "ml-vision"))
         assert other.status_code == 404
+
+
+def test_another_sites_form_cannot_act_as_a_forwarded_user(serve: Serve) -> None:
+    """The proxy's sign-in is a browser cookie, sent with another site's forms too: a request that changes
+    something must show it came from this site (X-Requested-With, or the browser's Sec-Fetch-Site)."""
+    with serve(**ON) as (base, _):
+        job = httpx.post(f"{base}/v1/jobs", json=tiny(name="v", team="vision"), headers=as_user("bob", "ml-vision"))
+        assert job.status_code == 201, job.text
+        job_id = job.json()["id"]
+        forged = {"X-Forwarded-User": "bob", "X-Forwarded-Groups": "ml-vision", "Sec-Fetch-Site": "cross-site",
+                  "Content-Type": "application/x-www-form-urlencoded"}
+        refused = httpx.post(f"{base}/v1/jobs/{job_id}/cancel", headers=forged)
+        assert refused.status_code == 403 and "X-Requested-With" in refused.json()["error"]["message"]
+        assert httpx.get(f"{base}/v1/jobs/{job_id}", headers=forged).json()["status"] == "QUEUED"  # reads are fine
+        browser = {**forged, "Sec-Fetch-Site": "same-origin"}  # this site's own page
+        assert httpx.post(f"{base}/v1/jobs/{job_id}/cancel", headers=browser).status_code == 200
