@@ -7,7 +7,7 @@
 - `read_explanation` answers `GET /v1/jobs/{id}/explain` for a waiting job from the view: one row for
   the job, and the rows ahead of it of its GPU kind (its own team's only, unless an admin asks). It
   answers None, and the caller computes the answer live, when there is no view, when the view is
-  older than `max_age_s`, or when the job is not in it (submitted or requeued since).
+  older than `max_age_s`, or when the job is not in it or changed since (submitted or requeued).
 """
 
 from __future__ import annotations
@@ -74,13 +74,17 @@ def view_age_s(session: Session, now: datetime) -> float | None:
 
 
 def read_explanation(session: Session, job_id: int, viewer_team: str | None, *, now: datetime,
-                     max_age_s: float) -> Explanation | None:
-    """The job's explanation from the view (see the module's docstring), its ETA band counted from `now`."""
+                     max_age_s: float, changed_at: datetime | None = None) -> Explanation | None:
+    """The job's explanation from the view (see the module's docstring), its ETA band counted from `now`.
+    None as well when the job's state changed after the view was computed (`changed_at`: a job admitted
+    and back in the queue since, after a preemption or a retry, has an older row that no longer holds)."""
     meta = session.get(QueueViewMeta, META_ID)
     if meta is None:
         return None
     age = (as_utc(now) - as_utc(meta.computed_at)).total_seconds()
     if age > max_age_s or age < -5:  # a clock far behind the dispatcher's: do not trust the view
+        return None
+    if changed_at is not None and as_utc(changed_at) > as_utc(meta.computed_at):
         return None
     row = session.get(QueueViewRow, job_id)
     if row is None:

@@ -63,7 +63,19 @@ def test_explain_reads_the_view_and_falls_back_when_it_is_stale_or_dropped(env: 
                 assert live["as_of"] is None
                 _same_but_time(viewed, live)
         last = queued[-1]
-        assert explain(env, members["alpha"], last)["ahead"] or explain(env, admin, last)["ahead"]
+        last_team = env.client.get(f"/v1/jobs/{last}", headers=admin).json()["team"]
+        mine = explain(env, members[last_team], last)
+        everyone = explain(env, admin, last)
+        assert mine["as_of"] is not None and everyone["ahead"]
+        assert all(a["team"] == last_team for a in mine["ahead"])  # a member's answer names its own team only
+        others = {a["job_id"] for a in everyone["ahead"] if a["team"] != last_team}
+        assert others and not others & {a["job_id"] for a in mine["ahead"]}
+        assert mine["ahead_other_teams"]["jobs"] == len(others)
+
+        # a job whose state changed after the view (as a requeue's transition stamps it) is answered live
+        with env.app.state.sessions.begin() as session:
+            session.get(Job, last).updated_at = utcnow()
+        assert explain(env, members[last_team], last)["as_of"] is None
 
         # a quota change drops the view: live answers (which see the new quota) until the next cycle
         r = env.client.put("/v1/teams/alpha/quota", json={"flavors": {"cpu": {"nominal": 0, "borrowing_limit": 0}}},

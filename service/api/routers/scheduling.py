@@ -217,8 +217,8 @@ def explain_job(job_id: JobId, principal: Caller, db: Db, request: Request) -> R
             done = _backend_pending(session, job, done, pools_managed)
         else:
             viewer = None if principal.role == Role.ADMIN else job.team.name
-            done = read_explanation(session, job_id, viewer, now=utcnow(),
-                                    max_age_s=settings.queue_view_max_age_s) if job.status == S.QUEUED else None
+            done = read_explanation(session, job_id, viewer, now=utcnow(), max_age_s=settings.queue_view_max_age_s,
+                                    changed_at=job.updated_at) if job.status == S.QUEUED else None
             if done is None:  # no fresh view, or the job is not in it (submitted or requeued since): live
                 try:
                     done = engine.explain(build_snapshot(session, params), job_id, viewer)

@@ -124,7 +124,8 @@ def queue_rows(session: Session, principal: Principal, query: QueueQuery, age: f
     """One page of waiting jobs the principal may see, in admission order, and the next page's cursor."""
     t = QueueViewRow
     stmt = (select(t, Job.name).join(Job, Job.id == t.job_id)
-            .where(Job.status == JobStatus.QUEUED, *_filters(query)).order_by(t.ord).limit(limit + 1))
+            .where(Job.status == JobStatus.QUEUED, Job.pool.is_(None), *_filters(query))  # still waiting
+            .order_by(t.ord).limit(limit + 1))
     if principal.role != Role.ADMIN:
         stmt = stmt.where(t.team == (principal.team_name or ""))
     elif query.team:
@@ -151,7 +152,8 @@ def other_teams(session: Session, principal: Principal, query: QueueQuery) -> li
     """Per GPU kind, the waiting jobs of teams other than the member's (under the page's filters)."""
     t = QueueViewRow
     stmt = (select(t.gpu, func.count(), func.sum(t.gpus)).join(Job, Job.id == t.job_id)
-            .where(Job.status == JobStatus.QUEUED, t.team != (principal.team_name or ""), *_filters(query))
+            .where(Job.status == JobStatus.QUEUED, Job.pool.is_(None), t.team != (principal.team_name or ""),
+                   *_filters(query))
             .group_by(t.gpu).order_by(t.gpu))
     return [Others(gpu, int(jobs), int(gpus or 0)) for gpu, jobs, gpus in session.execute(stmt)]
 
