@@ -6,7 +6,8 @@ the stored view, in one transaction. It spends at most `budget` of the dispatche
 a refresh that took `d` seconds, the next waits `d * (1 / budget - 1)` (a queue of a few hundred jobs
 refreshes every cycle; 10,000 jobs, about one second each, every ten or so). On PostgreSQL, a
 transaction-scoped advisory lock lets one replica refresh at a time (the others skip: the view is the
-same from any of them). A failed refresh is logged and leaves the previous view, which ages out.
+same from any of them), and a change to pools or quotas waits for it before dropping the view. A
+failed refresh is logged and leaves the previous view, which ages out.
 """
 
 from __future__ import annotations
@@ -21,11 +22,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.scheduling.queue_view import queue_view
 from service.scheduling.snapshot import SnapshotParams, build_snapshot
 from service.store.models import utcnow
-from service.store.queue_view import write_view
+from service.store.queue_view import QUEUE_VIEW_LOCK_KEY, write_view
 
 log = logging.getLogger("shardctl.dispatcher")
-#: the advisory lock key a queue-view refresh takes on PostgreSQL ("shardqvw" as 8 bytes)
-QUEUE_VIEW_LOCK_KEY = int.from_bytes(b"shardqvw", "big") & 0x7FFF_FFFF_FFFF_FFFF
 
 
 @dataclass
@@ -55,4 +54,4 @@ class QueueViewWriter:
         return True
 
 
-__all__ = ["QUEUE_VIEW_LOCK_KEY", "QueueViewWriter"]
+__all__ = ["QueueViewWriter"]

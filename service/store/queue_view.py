@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, insert, select, text
 from sqlalchemy.orm import Session
 
 from service.scheduling.decisions import Eta, Explanation, Reason
@@ -25,6 +25,8 @@ from service.store.models import as_utc
 from service.store.queue_models import QueueViewMeta, QueueViewRow
 
 META_ID = 1
+#: the advisory lock key a refresh holds on PostgreSQL ("shardqvw" as 8 bytes); `invalidate` waits for it
+QUEUE_VIEW_LOCK_KEY = int.from_bytes(b"shardqvw", "big") & 0x7FFF_FFFF_FFFF_FFFF
 
 
 class _Ahead(NamedTuple):
@@ -63,7 +65,11 @@ def write_view(session: Session, entries: Sequence[QueueEntry], *, computed_at: 
 
 
 def invalidate(session: Session) -> None:
-    """No view until the next refresh: explain computes every answer live meanwhile."""
+    """No view until the next refresh: explain computes every answer live meanwhile. On PostgreSQL it
+    first waits for a refresh in flight (the refresh's advisory lock), which would otherwise write a
+    view computed before this change after it."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": QUEUE_VIEW_LOCK_KEY})
     session.execute(delete(QueueViewMeta))
 
 
@@ -114,4 +120,4 @@ def read_explanation(session: Session, job_id: int, viewer_team: str | None, *, 
     return answer.model_copy(update={"as_of": as_utc(meta.computed_at).timestamp()})
 
 
-__all__ = ["invalidate", "read_explanation", "view_age_s", "write_view"]
+__all__ = ["QUEUE_VIEW_LOCK_KEY", "invalidate", "read_explanation", "view_age_s", "write_view"]
