@@ -14,7 +14,7 @@ Rung k frees the layout fields of rungs 1..k and pins every other field to the f
 then calls the planner's public `plan` on the spec with those pins; fields the user pinned stay pinned
 (a rung that needs one of them finds nothing new and the ladder goes on). The planner itself chooses
 within a rung (the fastest layout that fits), so the result is deterministic: the same inputs give
-the same plan (unless a rung's search passes `RUNG_BUDGET_S`, below).
+the same plan (unless the ladder's searches pass `LADDER_BUDGET_S`, below).
 
 **The cap** (`memory_cap`). Bytes are tensor bytes per rank, the part the runtime can measure: the
 plan's `memory.total` less its runtime overhead and allocator margin (`predicted_allocated`), as the
@@ -27,8 +27,10 @@ plus the allocation that failed) and L the limit it ran into (device memory or t
   by measured/predicted, and it is never more than P, so the next layout always predicts less;
 - without a measurement (a process killed by the OOM killer, Slurm's OUT_OF_MEMORY) the cap is P.
 
-Each rung's search has `RUNG_BUDGET_S` (30 s); one that runs past it is skipped, as a rung without an
-answer. The planner is given the cap as the spec's GPU memory (`resources.gpu.memory_gib`, its documented input:
+All the rungs' searches share `LADDER_BUDGET_S` (10 s: the dispatcher re-plans inside the transaction
+that closes the attempt, which must stay well inside SQLite's 30 s busy timeout and hold PostgreSQL's
+row lock briefly); a rung whose search runs past it is skipped, as a rung without an answer. The
+planner is given the cap as the spec's GPU memory (`resources.gpu.memory_gib`, its documented input:
 cap x (1 + the failed plan's allocator margin) + its runtime overhead, never more than the device, less a
 millionth so that the failed layout itself is out), and
 the plan it returns must predict strictly less than the cap; after `oom_host` it must also offload no
@@ -59,7 +61,7 @@ FREED: dict[Rung, tuple[str, ...]] = {
     "offload": ("offload",),
 }
 #: the most one rung's search may take; a rung past it is skipped (it runs inside the dispatcher's transaction)
-RUNG_BUDGET_S = 30.0
+LADDER_BUDGET_S = 10.0
 _PIN_FIELDS = ("dp", "tp", "pp", "cp", "sharding", "dp_shard", "sequence_parallel", "micro_batch",
                "activation_checkpointing", "pipeline_schedule", "virtual_stages", "offload")
 
@@ -154,13 +156,14 @@ def next_plan(spec: TrainingSpec, failed: Plan, failure: FailureClass,
     capped = _capped_spec(spec, failed, cap)
     host_before = failed.memory.cpu_memory or 0
     tried: list[str] = []
+    deadline = Deadline.after(LADDER_BUDGET_S)  # one budget for the whole ladder
     for rung in RUNGS:
         if rung == "offload" and failure == FailureClass.OOM_HOST:
             tried.append("offload: not after running out of host memory")
             continue
         try:
             pins = rung_pins(spec, failed.layout, rung)
-            candidate = make_plan(capped.model_copy(update={"layout": pins}), deadline=Deadline.after(RUNG_BUDGET_S))
+            candidate = make_plan(capped.model_copy(update={"layout": pins}), deadline=deadline)
         except ValidationError as exc:  # the failed layout's values and the user's pins disagree
             tried.append(f"{rung}: " + "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors()))
             continue
