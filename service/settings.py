@@ -188,7 +188,7 @@ def load_settings() -> Settings:
         for error in exc.errors():
             name = "SHARDCTL_" + str(error["loc"][0]).upper() if error["loc"] else "SHARDCTL_*"
             value = os.environ.get(name)
-            secret = any(word in name for word in ("TOKEN", "URL", "SECRET", "PASSWORD"))
+            secret = any(word in name for word in ("TOKEN", "URL", "SECRET", "PASSWORD", "KEY", "CREDENTIAL", "AUTH"))
             shown = f" (it is {value!r})" if value is not None and not secret else ""
             message = str(error["msg"]).removeprefix("Value error, ")
             lines.append(f"{name}{shown}: {message}; fix it or unset it (docs/server.md lists the settings)")

@@ -117,11 +117,15 @@ def check_csrf(session: Signed,
 Csrf = Annotated[UiSession, Depends(check_csrf)]
 
 
+def _secure(request: Request) -> bool:
+    """HTTPS as the browser sees it: this request's scheme, or the public URL's (behind a TLS-terminating
+    ingress the server itself is reached over plain HTTP, and serve trusts no forwarded scheme)."""
+    return request.url.scheme == "https" or str(request.app.state.settings.public_url).startswith("https://")
+
+
 def set_session_cookie(response: Response, request: Request, secret: str) -> None:
-    response.set_cookie(COOKIE, secret, path=COOKIE_PATH, httponly=True, samesite="lax",
-                        secure=request.url.scheme == "https")
+    response.set_cookie(COOKIE, secret, path=COOKIE_PATH, httponly=True, samesite="lax", secure=_secure(request))
 
 
 def clear_session_cookie(response: Response, request: Request) -> None:
-    response.delete_cookie(COOKIE, path=COOKIE_PATH, httponly=True, samesite="lax",
-                           secure=request.url.scheme == "https")
+    response.delete_cookie(COOKIE, path=COOKIE_PATH, httponly=True, samesite="lax", secure=_secure(request))
