@@ -164,11 +164,18 @@ def count_jobs_by_status(session: Session, principal: Principal, filters: JobFil
     """Per status, how many of the newest `cap` jobs that `principal` may see match `filters` (all but
     the status filter), and whether more match than were counted. The cap bounds the cost of a filter
     that no index serves (a name and a time range over 100,000 jobs) to `cap` rows."""
-    matching = _filtered(select(Job.status), principal, filters, status=False).order_by(Job.id.desc())
-    newest = matching.limit(cap).subquery()
-    rows = session.execute(select(newest.c.status, func.count()).group_by(newest.c.status)).all()
-    counts = {JobStatus(s): int(n) for s, n in rows}
-    capped = sum(counts.values()) >= cap and session.scalar(matching.offset(cap).limit(1)) is not None
+    # one scan of at most cap + 1 rows: the extra one only says more match, and is taken off again
+    matching = _filtered(select(Job.status, Job.id), principal, filters, status=False).order_by(Job.id.desc())
+    newest = matching.limit(cap + 1).subquery()
+    rows = session.execute(select(newest.c.status, func.count(), func.min(newest.c.id))
+                           .group_by(newest.c.status)).all()
+    counts = {JobStatus(s): int(n) for s, n, _ in rows}
+    capped = sum(counts.values()) > cap
+    if capped:  # the oldest row read is the extra one
+        oldest = JobStatus(min(rows, key=lambda row: row[2])[0])
+        counts[oldest] -= 1
+        if not counts[oldest]:
+            del counts[oldest]
     return counts, capped
 
 
