@@ -12,7 +12,9 @@ from service.api.ui.limits import MAX_FORM_BYTES
 from service.api.ui.render import duration, human_bytes
 from service.api.ui.routers.auth import HOME, _safe_next
 from service.api.ui.routers.jobs import JobsQuery
+from service.api.ui.session import COOKIE
 from tests.db_fixtures import Env
+from tests.specs import tiny
 
 
 @pytest.mark.parametrize(("seconds", "shown"), [(0.25, "0.25 s"), (4.56, "4.6 s"), (65, "1 min 05 s"),
@@ -73,3 +75,19 @@ def test_dashboard_posts_are_small_url_encoded_forms(env: Env) -> None:
     upload = env.client.post("/ui/login", files={"token": ("t.txt", b"shc_x")})
     assert upload.status_code == 415 and "application/x-www-form-urlencoded" in upload.text
     assert env.client.post("/ui/login", data={"token": "shc_x"}).status_code == 403  # small: read (no form token)
+
+
+def test_the_job_page_narrows_its_live_logs_to_one_rank(env: Env) -> None:
+    admin = env.token("admin")
+    made = env.client.post("/v1/jobs", json=tiny(name="ranks", resources={"gpus_per_node": 2}),
+                           headers=env.headers(admin))
+    assert made.status_code == 201, made.text
+    job_id = made.json()["id"]
+    env.client.cookies.set(COOKIE, admin, path="/ui")
+    merged = env.client.get(f"/ui/jobs/{job_id}", params={"rank": ""})  # the form's "every rank"
+    assert merged.status_code == 200
+    assert f'data-live="/ui/jobs/{job_id}/logs/live"' in merged.text and "every rank, merged" in merged.text
+    one = env.client.get(f"/ui/jobs/{job_id}", params={"rank": "1"})
+    assert f'data-live="/ui/jobs/{job_id}/logs/live?rank=1"' in one.text
+    assert '<option value="1" selected>rank 1</option>' in one.text
+    assert env.client.get(f"/ui/jobs/{job_id}", params={"rank": "one"}).status_code == 422

@@ -161,13 +161,23 @@ def sections(session: Session, principal: Principal, job_id: int) -> dict[str, A
             "last_event": events[-1].id if events else 0, "now": utcnow()}
 
 
+#: Only this global rank's log lines; empty (the form's "every rank") or absent: all of them.
+RankQ = Annotated[str | None, Query(pattern=r"^[0-9]{0,7}$", description="Only this global rank's log lines.")]
+
+
+def _rank(value: str | None) -> int | None:
+    return int(value) if value else None
+
+
 @router.get("/ui/jobs/{job_id}")
-def job_page(job_id: JobId, request: Request, session: Signed, db: Db) -> Response:
+def job_page(job_id: JobId, request: Request, session: Signed, db: Db, rank: RankQ = None) -> Response:
+    """The job; `rank` narrows its live logs to one global rank (every rank, merged, without it)."""
     with db.begin() as tx:
         context = sections(tx, session.principal, job_id)
     job: JobOut = context["job"]
     return page(request, session, "job.html", title=f"Job {job.id}: {job.name}",
-                pending=explain(request, db, session.principal, job), is_admin=session.is_admin, **context)
+                pending=explain(request, db, session.principal, job), is_admin=session.is_admin,
+                rank=_rank(rank), ranks=range(job.plan.layout.world_size), **context)
 
 
 def _render(name: str, session: UiSession, context: dict[str, Any]) -> str:
@@ -222,9 +232,9 @@ def _log_html(message: str) -> tuple[str, dict[str, Any], str | None]:
 
 
 @router.get("/ui/jobs/{job_id}/logs/live")
-def logs_live(job_id: JobId, request: Request, session: Signed, db: Db) -> Response:
-    """Every rank's lines, merged in the order they are read, each with its rank: the API's log
-    stream (`follow_logs`, the same as `GET /v1/jobs/{id}/logs?follow=true`) as HTML."""
+def logs_live(job_id: JobId, request: Request, session: Signed, db: Db, rank: RankQ = None) -> Response:
+    """Every rank's lines (or only `rank`'s), merged in the order they are read, each with its rank:
+    the API's log stream (`follow_logs`, the same as `GET /v1/jobs/{id}/logs?follow=true`) as HTML."""
     reader = request.app.state.log_reader
     with db.begin() as tx:
         visible_job(tx, session.principal, job_id)
@@ -236,7 +246,7 @@ def logs_live(job_id: JobId, request: Request, session: Signed, db: Db) -> Respo
     number, inner = None, None
     if resume and "." in resume and resume.split(".", 1)[0].isdigit():
         number, inner = int(resume.split(".", 1)[0]), resume.split(".", 1)[1] or None
-    source = follow_logs(db, reader, request.cookies.get(COOKIE, ""), job_id, number, None, inner,
+    source = follow_logs(db, reader, request.cookies.get(COOKIE, ""), job_id, number, _rank(rank), inner,
                          poll_s=settings.logs_poll_s, heartbeat_s=settings.logs_heartbeat_s,
                          token_grace_s=settings.job_token_grace_s)
 
