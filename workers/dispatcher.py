@@ -362,11 +362,16 @@ class Dispatcher:
             if attempt.failure == FailureClass.PREEMPTED or attempt.finished_at is not None:
                 return None
             attempt.failure = FailureClass.PREEMPTED
-            attempt.exit_reason = f"preempted by job {by}: {reason}"
+            # the victim's team reads this: another team's job is named by its team only, never its id
+            preemptor = session.get(Job, by)
+            other_team = preemptor.team.name if preemptor is not None and preemptor.team_id != job.team_id else None
+            who = f"a job of team {other_team}" if other_team is not None else f"job {by}"
+            attempt.exit_reason = f"preempted by {who}: {reason}"
             add_event(session, job, actor=self.actor, kind=EventKind.PREEMPTED,
-                      message=f"preempted by job {by}: {reason} (attempt {attempt.number};"
+                      message=f"preempted by {who}: {reason} (attempt {attempt.number};"
                               f" {grace:.0f} s to checkpoint)",
-                      data={"by": by, "reason": reason, "attempt": attempt.number, "grace_s": grace})
+                      data={"by": None if other_team is not None else by, "by_team": other_team,
+                            "reason": reason, "attempt": attempt.number, "grace_s": grace})
             return attempt.id, backend, Handle(name=attempt.backend_name, backend_id=attempt.backend_id)
 
     def _resend_notices(self, backend: Backend, marked: list[tuple[int, Handle]]) -> None:

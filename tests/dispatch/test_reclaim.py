@@ -67,7 +67,9 @@ def test_an_owner_reclaims_its_quota_from_a_borrower_which_checkpoints_and_resum
 
     events = get(env, borrower, f"/v1/jobs/{victim}/events")
     preempted = [e for e in events if e["kind"] == "job.preempted"]
-    assert len(preempted) == 1 and preempted[0]["data"]["by"] == mine
+    # once, by the owner team's job: named by its team only, as the borrower reads it (no other team's job id)
+    assert len(preempted) == 1 and preempted[0]["data"]["by"] is None and preempted[0]["data"]["by_team"] == "owner"
+    assert f"job {mine}" not in preempted[0]["message"] and "a job of team owner" in preempted[0]["message"]
     assert "reclaim" in preempted[0]["data"]["reason"] and "owner" in preempted[0]["data"]["reason"]
     # back in the queue, and it says why it waits: the pool is the owner's now, and it borrows
     assert get(env, admin, f"/v1/jobs/{victim}")["status"] == "QUEUED"

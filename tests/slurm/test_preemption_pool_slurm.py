@@ -191,7 +191,8 @@ def test_an_owner_reclaims_a_slurm_pool_from_a_borrower_which_resumes_after_it(
     assert get(env, admin, f"/v1/jobs/{mine}")["status"] == "SUCCEEDED"
     events = get(env, borrower, f"/v1/jobs/{victim}/events")
     preempted = [e for e in events if e["kind"] == "job.preempted"]
-    assert len(preempted) == 1 and preempted[0]["data"]["by"] == mine  # once, by the owner's job
+    assert len(preempted) == 1 and preempted[0]["data"]["by_team"] == "owner"  # once, by the owner team
+    assert preempted[0]["data"]["by"] is None and f"job {mine}" not in preempted[0]["message"]  # never by id
     # admitted and submitted again only once the owner's job had ended (event ids are one sequence)
     ended = [e["id"] for e in get(env, owner, f"/v1/jobs/{mine}/events") if e["kind"] == "job.succeeded"]
     resubmitted = [e["id"] for e in events if e["kind"] == "job.submitting"][1:]
