@@ -151,8 +151,7 @@ class _Cycle:
         kinds = set(cap)
         for r in s.running:
             kinds.add(r.gpu)
-        for j in s.waiting:
-            kinds.add(j.gpu)
+        kinds.update(map(_GPU, s.waiting))
         # past usage may name a kind nothing holds or wants now (a pool removed): its cost counts in
         # the team's fair share all the same
         for k in kinds.union(*s.usage.values()):
@@ -583,10 +582,11 @@ def _run(s: Snapshot, want_reasons: bool = True, stop_at: int | None = None, set
             got.append(j)
     heads: list[tuple[int, int, float, float, int, str, int]] = []
     queues: dict[str, list[WaitingJob]] = {}
+    presorted = s.waiting_in_order
     for team, jobs in by_team.items():
-        # the order of _job_key: (-priority, submitted_at, id), as two stable sorts keyed in C
-        jobs.sort(key=_SUB_ID)
-        jobs.sort(key=_PRIO, reverse=True)
+        if not presorted:  # the order of _job_key: (-priority, submitted_at, id), as two stable sorts keyed in C
+            jobs.sort(key=_SUB_ID)
+            jobs.sort(key=_PRIO, reverse=True)
         queues[team] = jobs
         heads.append(_head_key(c, team, jobs[0], 0))
     heapq.heapify(heads)

@@ -154,6 +154,15 @@ def test_explain_matches_the_unskipped_walk_on_benchmark_snapshots(seed: int, jo
     _assert_same_explanations(s, picks)
 
 
+@pytest.mark.parametrize("seed", [12, 3])
+def test_a_queue_in_admission_order_skips_the_sort_with_the_same_decisions(seed: int) -> None:
+    ordered = make_snapshot(3000, 30, 8, seed, presorted=True)
+    by_id = make_snapshot(3000, 30, 8, seed, presorted=False)
+    assert ordered.waiting_in_order and not by_id.waiting_in_order and ordered.waiting != by_id.waiting
+    assert engine.admit(ordered) == engine.admit(by_id)
+    assert engine.admit(ordered, reasons=False) == engine.admit(by_id, reasons=False)
+
+
 def test_fast_admit_settles_early_on_the_benchmark_queue() -> None:
     """Not a timing: the dispatcher's call walks a small part of a saturated queue."""
     s = make_snapshot()
