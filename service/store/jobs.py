@@ -156,7 +156,7 @@ def list_jobs(session: Session, principal: Principal, filters: JobFilter, *, lim
     return rows[:limit], next_cursor
 
 
-COUNT_CAP = 10_000
+COUNT_CAP = 5_000
 
 
 def count_jobs_by_status(session: Session, principal: Principal, filters: JobFilter, *,

@@ -2,7 +2,7 @@
 
 Thin over the store: `list_jobs` (keyset pages on the job id, the same as `GET /v1/jobs`, so a page
 costs the same with 100,000 jobs stored), `count_jobs_by_status` (one grouped count under the same
-filters and visibility, over at most the newest 10,000 matching jobs, so a filter no index serves
+filters and visibility, over at most the newest 5,000 matching jobs, so a filter no index serves
 stays cheap) and, for the live rows, the event feed (`list_feed`, scoped like jobs). A member sees
 their team's jobs only, as in the API.
 
