@@ -39,6 +39,11 @@ class QueueViewWriter:
         Returns whether it wrote one."""
         if time.monotonic() < self._next_at:
             return False
+        return self.refresh()
+
+    def refresh(self) -> bool:
+        """Refresh the view now (the budget counts this one too), unless another replica holds the lock.
+        Returns whether it wrote one."""
         started = time.perf_counter()
         with self.sessions.begin() as session:
             if session.get_bind().dialect.name == "postgresql" and not session.execute(

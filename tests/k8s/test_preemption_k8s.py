@@ -51,5 +51,7 @@ def test_a_preempted_jobset_is_deleted_and_the_job_queued_again(env: Env, admin:
     assert fake.get("jobsets", NS, f"shardctl-{job_id}-2") is not None
     events = env.client.get(f"/v1/jobs/{job_id}/events", headers=admin).json()
     preempted = [e for e in events if e["kind"] == "job.preempted"]
-    assert len(preempted) == 1 and preempted[0]["data"] == {"by": 9, "reason": "team b reclaims its quota",
+    # job 9 is no job of another team here (no such job): named by its id
+    assert len(preempted) == 1 and preempted[0]["data"] == {"by": 9, "by_team": None,
+                                                            "reason": "team b reclaims its quota",
                                                             "attempt": 1, "grace_s": 45}

@@ -152,6 +152,10 @@ def main(tmp: Path, final: Path) -> int:
     launch_error: str | None = None
     oom_before = oom_kill_count()
     for rank, command in enumerate([] if preempted_early else node_commands(req, endpoint, final)):
+        if cancelled or (final / "cancel.flag").exists():
+            # cancelled while the nodes were starting: start no more (on_term stopped those already started)
+            on_term(signal.SIGTERM, None)
+            break
         log = open_private_log(final / f"node{rank}.log")
         node_env = env if req.world_size > 1 else {**env, **single_process_env(endpoint)}
         if devices is not None:
