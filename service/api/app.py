@@ -18,13 +18,13 @@ from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 from sqlalchemy import Engine
 from starlette.datastructures import Headers
-from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api import errors
 from service.api.access_log import ROUTE_SCOPE_KEY, AccessLog, route_template
 from service.api.analysis import AnalysisPool
+from service.api.body_limit import counted
 from service.api.deps import (
     BAD_TOKEN,
     MAX_JSON_DEPTH,
@@ -144,22 +144,6 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-def _counted(receive: Receive, limit: int) -> Receive:
-    """`receive` that refuses (413) the first chunk that takes the body over `limit` bytes."""
-    size = 0
-
-    async def counted() -> Message:
-        nonlocal size
-        message = await receive()
-        if message["type"] == "http.request":
-            size += len(message.get("body", b""))
-            if size > limit:
-                raise HTTPException(413, f"request body over {limit} bytes")
-        return message
-
-    return counted
-
-
 def _too_large(limit: int) -> Response:
     return errors.error_response(413, "too_large", f"request body over {limit} bytes")
 
@@ -266,7 +250,7 @@ class RequestGate:
         if needs.body == "form":
             if content_type is not None and not _is_form(content_type):
                 return _unsupported(content_type, "multipart/form-data"), receive
-            return None, _counted(receive, limit)
+            return None, counted(receive, limit)
         if content_type is not None and not _is_json(content_type):
             return _unsupported(content_type, "application/json"), receive
         body = await _read_body(receive, limit)

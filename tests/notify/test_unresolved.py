@@ -3,6 +3,7 @@ host that resolves to a private address is refused for good."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -34,7 +35,18 @@ def test_an_unresolvable_host_is_retried_and_a_private_one_is_final(tmp_path: Pa
         notifier.close()
 
 
-def test_a_delivery_connects_to_the_address_it_checked_not_to_a_new_lookup(tmp_path: Path,
+@pytest.fixture
+def public_notifier(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Notifier]:
+    """A notifier that refuses private addresses, with every address deemed public (the tests' receivers
+    listen on loopback)."""
+    monkeypatch.setattr(addresses, "_refused_ip", lambda ip: None)
+    notifier = Notifier(make_sessionmaker(make_engine(f"sqlite:///{tmp_path / 'unused.db'}")),
+                        NotifierConfig(allow_private=False))
+    yield notifier
+    notifier.close()
+
+
+def test_a_delivery_connects_to_the_address_it_checked_not_to_a_new_lookup(public_notifier: Notifier,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """DNS rebinding: a name that resolves to an allowed address when checked and elsewhere when the
     HTTP client looks it up again must be sent to the address checked. Here the check resolves
@@ -42,18 +54,12 @@ def test_a_delivery_connects_to_the_address_it_checked_not_to_a_new_lookup(tmp_p
     resolve that name at all: the delivery arrives only if it was sent to the checked address."""
     monkeypatch.setattr(addresses, "resolve",
                         lambda host, port: ["127.0.0.1"] if host == "hooks.rebind.invalid" else [])
-    monkeypatch.setattr(addresses, "_refused_ip", lambda ip: None)
-    sessions = make_sessionmaker(make_engine(f"sqlite:///{tmp_path / 'unused.db'}"))
-    notifier = Notifier(sessions, NotifierConfig(allow_private=False))
-    try:
-        with receiver() as hook:
-            port = urlsplit(hook.url).port
-            answer = notifier.send(leased(f"http://hooks.rebind.invalid:{port}/hook"))
-            assert answer.status == 200, answer
-            got = hook.wait_for(1)
-            assert got[0].headers["host"] == f"hooks.rebind.invalid:{port}"  # the name, for virtual hosts
-    finally:
-        notifier.close()
+    with receiver() as hook:
+        port = urlsplit(hook.url).port
+        answer = public_notifier.send(leased(f"http://hooks.rebind.invalid:{port}/hook"))
+        assert answer.status == 200, answer
+        got = hook.wait_for(1)
+        assert got[0].headers["host"] == f"hooks.rebind.invalid:{port}"  # the name, for virtual hosts
 
 
 def test_pinned_keeps_the_name_for_host_and_tls() -> None:
@@ -64,20 +70,14 @@ def test_pinned_keeps_the_name_for_host_and_tls() -> None:
     assert (url, headers, extensions) == ("http://[2606:2800:220:1::1]:8080/x", {"Host": "hooks.example.com:8080"}, {})
 
 
-def test_every_checked_address_is_tried_in_order_and_an_idna_host_is_sent(tmp_path: Path,
+def test_every_checked_address_is_tried_in_order_and_an_idna_host_is_sent(public_notifier: Notifier,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A receiver with two addresses, the first refusing connections (a dual-stack name on a machine
     without that route), is reached on the second; an internationalised name travels as IDNA."""
-    monkeypatch.setattr(addresses, "_refused_ip", lambda ip: None)
-    sessions = make_sessionmaker(make_engine(f"sqlite:///{tmp_path / 'unused.db'}"))
-    notifier = Notifier(sessions, NotifierConfig(allow_private=False))
-    try:
-        with receiver() as hook:
-            port = urlsplit(hook.url).port
-            # the receiver listens on 127.0.0.1 only: on 127.0.0.2, its port refuses connections
-            monkeypatch.setattr(addresses, "resolve", lambda host, p: ["127.0.0.2", "127.0.0.1"])
-            answer = notifier.send(leased(f"http://bücher.rebind.invalid:{port}/hook"))
-            assert answer.status == 200, answer
-            assert hook.wait_for(1)[0].headers["host"] == f"xn--bcher-kva.rebind.invalid:{port}"
-    finally:
-        notifier.close()
+    with receiver() as hook:
+        port = urlsplit(hook.url).port
+        # the receiver listens on 127.0.0.1 only: on 127.0.0.2, its port refuses connections
+        monkeypatch.setattr(addresses, "resolve", lambda host, p: ["127.0.0.2", "127.0.0.1"])
+        answer = public_notifier.send(leased(f"http://bücher.rebind.invalid:{port}/hook"))
+        assert answer.status == 200, answer
+        assert hook.wait_for(1)[0].headers["host"] == f"xn--bcher-kva.rebind.invalid:{port}"

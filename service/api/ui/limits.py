@@ -9,9 +9,10 @@ POSTs under `/ui/` to `application/x-www-form-urlencoded` (else 415) of at most 
 from __future__ import annotations
 
 from starlette.datastructures import Headers
-from starlette.exceptions import HTTPException
 from starlette.responses import PlainTextResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from service.api.body_limit import counted
 
 MAX_FORM_BYTES = 64 * 1024
 FORM = "application/x-www-form-urlencoded"
@@ -35,15 +36,4 @@ class UiBodyLimit:
         if length is not None and (not length.isdigit() or int(length) > MAX_FORM_BYTES):
             await PlainTextResponse(f"form over {MAX_FORM_BYTES} bytes", status_code=413)(scope, receive, send)
             return
-        size = 0
-
-        async def counted() -> Message:
-            nonlocal size
-            message = await receive()
-            if message["type"] == "http.request":
-                size += len(message.get("body", b""))
-                if size > MAX_FORM_BYTES:
-                    raise HTTPException(413, f"form over {MAX_FORM_BYTES} bytes")
-            return message
-
-        await self.app(scope, counted, send)
+        await self.app(scope, counted(receive, MAX_FORM_BYTES, "form"), send)
