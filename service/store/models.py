@@ -151,6 +151,13 @@ class Job(Base):
         Index("ix_jobs_team_id_id", "team_id", "id"),
         Index("ix_jobs_backend_id", "backend", "id"),
         Index("ix_jobs_name_id", "name", "id"),
+        # the Jobs list's sorts (migration 0007); team-led for members and the team filter
+        Index("ix_jobs_gpus_id", "gpus", "id"),
+        Index("ix_jobs_finished_at_id", "finished_at", "id"),
+        Index("ix_jobs_team_id_status_id", "team_id", "status", "id"),
+        Index("ix_jobs_team_id_gpus_id", "team_id", "gpus", "id"),
+        Index("ix_jobs_team_id_name_id", "team_id", "name", "id"),
+        Index("ix_jobs_team_id_finished_at_id", "team_id", "finished_at", "id"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
