@@ -138,6 +138,7 @@ RANGES: dict[str, str] = {
     "layout.virtual_stages": allowed_range(1, MAX_LAYERS),
     "priority": allowed_range(-1000, 1000),
     "recovery.max_replans": allowed_range(0, MAX_REPLANS),
+    "planner.min_free_fraction": "0 to 0.5 (0.5 excluded), e.g. 0.1 to keep 10% of GPU memory free",
 }
 
 
@@ -337,6 +338,19 @@ class RecoverySpec(_Strict):
         f" {allowed_range(0, MAX_REPLANS)}.")
 
 
+MinFreeFraction = Annotated[float, Field(ge=0.0, lt=0.5, allow_inf_nan=False),
+                            _within(RANGES["planner.min_free_fraction"])]
+
+
+class PlannerOptions(_Strict):
+    """How the planner ranks layouts that fit (`docs/planner.md`, risk-aware ranking)."""
+
+    min_free_fraction: MinFreeFraction = Field(0.10, description=(
+        "The least share of GPU memory a preferred layout leaves free (variable shapes, fragmentation):"
+        " a layout that leaves less is chosen only when none leaving this much fits; 0 turns the rule off."
+        f" {RANGES['planner.min_free_fraction']}."))
+
+
 class TrainingSpec(_Strict):
     """What a user asks for. `layout` pins are optional; everything unpinned is searched."""
 
@@ -352,6 +366,8 @@ class TrainingSpec(_Strict):
     entrypoint: EntrypointSpec | None = None
     recovery: RecoverySpec = Field(default_factory=RecoverySpec,
                                    description="Out-of-memory recovery: {replan_on_oom: true, max_replans: 3}.")
+    planner: PlannerOptions = Field(default_factory=PlannerOptions,
+                                    description="Planner options: {min_free_fraction: 0.1}.")
 
     @model_validator(mode="after")
     def _checkpointing_pinned_once(self) -> TrainingSpec:

@@ -44,7 +44,7 @@ GRACE_S = 1.0
 
 
 # The fields a plan depends on; the name is copied in afterwards, the rest does not matter to it.
-PLANNED = {"model", "training", "resources", "layout"}
+PLANNED = {"model", "training", "resources", "layout", "planner"}
 
 
 class PlanRunner:

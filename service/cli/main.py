@@ -87,8 +87,10 @@ def parse_layout_pins(text: str) -> dict[str, object]:
     return pins
 
 
-def _load(path: Path, layout: str | None) -> TrainingSpec:
+def _load(path: Path, layout: str | None, min_free: float | None = None) -> TrainingSpec:
     spec = load_spec(path)
+    if min_free is not None:  # validated as the spec's own field: the same range and message
+        spec = TrainingSpec.model_validate({**spec.model_dump(), "planner": {"min_free_fraction": min_free}})
     if layout:
         merged = {**spec.layout.model_dump(exclude_none=True), **parse_layout_pins(layout)}
         pins = LayoutPins.model_validate(merged)
@@ -105,10 +107,11 @@ GPU kinds (resources.gpu; or describe one inline): {", ".join(CATALOG)}.
 
 Ranking: a layout shardctl's runtime runs beats one that needs offload, context parallelism or fp8
 (modelled, not yet run); then a layout leaving at least {DEFAULT_MIN_FREE_FRACTION:.0%} of GPU memory
-free beats one that does not; among those, the simplest layout within {SIMPLER_WITHIN:.0%} of the
-fastest wins (DDP before ZeRO before FSDP, no pipeline before a pipeline). The explanation says
-when headroom or simplicity decided. Sizes are GiB (2^30 bytes). FLOPs and MFU count causal
-attention at half the full-attention FLOPs, as the step time does.
+free (the spec's planner.min_free_fraction, or --min-free) beats one that does not; among those, the
+simplest layout within {SIMPLER_WITHIN:.0%} of the fastest wins (DDP before ZeRO before FSDP, no
+pipeline before a pipeline). The explanation says when headroom or simplicity decided. Sizes are
+GiB (2^30 bytes). FLOPs and MFU count causal attention at half the full-attention FLOPs, as the
+step time does.
 
 Exit codes:
   0  every plan fits
@@ -127,13 +130,13 @@ def plan_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the Plan JSON.")] = False,
     brief: Annotated[bool, typer.Option(
         "--brief", help="One line per spec: name, layout, step time, memory, whether it fits.")] = False,
-    min_free: Annotated[float, typer.Option(
-        "--min-free", min=0.0, max=0.99,
-        help="The least share of GPU memory a preferred layout leaves free (0 turns the rule off).")]
-    = DEFAULT_MIN_FREE_FRACTION,
+    min_free: Annotated[float | None, typer.Option(
+        "--min-free",
+        help="The least share of GPU memory a preferred layout leaves free, over the spec's"
+        " planner.min_free_fraction (default 0.1; 0 turns the rule off; below 0.5).")] = None,
 ) -> None:
     """Plan the best layout that fits (the help text is `PLAN_HELP`)."""
-    plans: list[Plan] = [control.read_spec(path, lambda p: plan(_load(p, layout), min_free_fraction=min_free))
+    plans: list[Plan] = [control.read_spec(path, lambda p: plan(_load(p, layout, min_free)))
                          for path in specs]
     if as_json:
         payload = [p.model_dump(mode="json") for p in plans]

@@ -19,7 +19,6 @@ from service.planner.result import (
 )
 from service.planner.runnable import layout_problems, runtime_gaps
 from service.planner.search import (
-    DEFAULT_MIN_FREE_FRACTION,
     MAX_ALTERNATIVES,
     PRUNE_FACTOR,
     SIMPLER_WITHIN,
@@ -37,17 +36,19 @@ from service.spec import LayoutPins, TrainingSpec
 
 
 def plan(spec: TrainingSpec, *, deadline: Deadline | None = None,
-         min_free_fraction: float = DEFAULT_MIN_FREE_FRACTION) -> Plan:
+         min_free_fraction: float | None = None) -> Plan:
     """Search every runnable layout the spec's pins allow and return the best that fits (see
     `search`: runtime gaps last, then layouts leaving less than `min_free_fraction` of GPU memory
-    free, then the simplest within `SIMPLER_WITHIN` of the fastest).
+    free, then the simplest within `SIMPLER_WITHIN` of the fastest). `min_free_fraction` None takes
+    the spec's `planner.min_free_fraction` (default 10%); a number overrides it (`shardctl plan --min-free`).
 
     When nothing fits, the plan describes the candidate closest to fitting, with `fits` false,
     the reasons, and the smallest GPU count of this kind that would fit.
     Raises `InvalidSpec` for a spec that cannot be planned at all, and `SearchBudgetExceeded` when
     the search (or the search for the smallest GPU count that fits) runs past `deadline`.
     """
-    ctx = dataclasses.replace(resolve(spec), min_free=min_free_fraction)
+    wanted = spec.planner.min_free_fraction if min_free_fraction is None else min_free_fraction
+    ctx = dataclasses.replace(resolve(spec), min_free=wanted)
     if problems := runnable_pin_problems(spec.layout, spec.training.precision):
         raise InvalidSpec(problems)
     result = search(ctx, deadline=deadline)
