@@ -14,20 +14,24 @@ import threading
 from collections import OrderedDict
 from collections.abc import Collection
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
+from pydantic import BaseModel
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.api.errors import INVALID_SPEC, ApiError
-from service.api.schemas import ErrorField
+from service.api.schemas import ErrorField, JobOut
+from service.api.views import job_out, redacted_spec
 from service.planner import Deadline, Plan, SearchBudgetExceeded, plan
 from service.scheduling.model import TeamQuota
 from service.settings import Settings
 from service.spec import TrainingSpec
-from service.store.jobs import NewJob, body_hash, create_job, find_idempotent, idempotency_scope
-from service.store.models import Team
+from service.store.jobs import NewJob, body_hash, find_idempotent, idempotency_scope, visible_job
+from service.store.models import Job, Team
 from service.store.pools import effective_pools, managed, matching
 from service.store.quotas import max_priority
+from service.store.submissions import insert_jobs
 from service.store.tokens import Principal, ensure_team, team_by_name
 from service.store.vocab import Role
 
@@ -136,11 +140,19 @@ class PlanRunner:
             details={"budget_s": self.budget_s, "evaluated": evaluated, "world_size": spec.resources.world_size})
 
 
+def plan_key(spec: TrainingSpec, *, calibration_version: str = "") -> str:
+    """The cache key of `spec`'s plan: everything `plan()` reads. That is the spec's `PLANNED`
+    sections, canonical JSON, and the version of any calibration planning applies: whoever passes a
+    calibration to `plan()` must pass its version here too, or plans made without it would be served
+    after it changed (and the other way round)."""
+    return spec.model_dump_json(include=PLANNED) + "|calibration=" + calibration_version
+
+
 def cached_plan(spec: TrainingSpec, planner: PlanRunner) -> Plan:
     """`plan(spec)` on `planner`'s threads and under its budget, remembered for the last few hundred
-    distinct model/training/resources/layout combinations (planning is pure; teams resubmit the same
-    run under new names). Callers must not mutate the result."""
-    result = planner.plan(spec.model_dump_json(include=PLANNED), spec)
+    distinct `plan_key`s (planning is pure; teams resubmit the same run under new names). Callers
+    must not mutate the result."""
+    result = planner.plan(plan_key(spec), spec)
     return result.model_copy(update={"name": spec.name})
 
 
@@ -195,10 +207,73 @@ def check_pools(session: Session, spec: TrainingSpec, planned: Plan, local_gpus:
                        details={"pool": largest.name, "pool_gpus": largest.gpus, "needs": planned.world_size})
 
 
-def submit(db: sessionmaker[Session], principal: Principal, spec: TrainingSpec,
-           idempotency_key: str | None, configured: Collection[str] | None, planner: PlanRunner,
-           *, local_gpus: str | None = None) -> tuple[int, bool]:
-    """Plan and queue `spec`. Returns (job id, created); created is False for an idempotent replay.
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """A submission's answer: the job's id, whether it is new (False: an idempotent replay) and the
+    response body (`JobOut` as JSON), rendered inside the transaction that wrote the job."""
+
+    job_id: int
+    created: bool
+    body: bytes
+    team: str
+
+
+def encoded(model: BaseModel) -> bytes:
+    """`model` as JSON by pydantic's serializer (no intermediate dict). Raises `ApiError` 422 for a
+    value no response can carry (a lone surrogate), so that the transaction writing it rolls back
+    instead of committing a row every later read of the job fails on."""
+    try:
+        return model.__pydantic_serializer__.to_json(model)
+    except (ValueError, RecursionError) as exc:  # pydantic's serialisation errors are ValueErrors
+        raise ApiError(422, "validation_error", "the request holds a value that cannot be stored and read back"
+                       f" ({type(exc).__name__}); send finite numbers and valid Unicode") from exc
+
+
+def new_job_out(job: Job) -> JobOut:
+    """The `JobOut` of a job inserted in this transaction, from the row in memory: no attempts and no
+    measurements yet, and nothing read back. Built without validation: every value was validated on
+    the way in (the spec by the route, the plan by the planner, the columns copied from them)."""
+    return JobOut.model_construct(
+        id=job.id, name=job.name, team=job.team.name, status=job.status, backend=job.backend,
+        priority=job.priority, created_at=job.created_at, updated_at=job.updated_at, finished_at=job.finished_at,
+        layout=job.layout, predicted_step_s=job.predicted_step_s, spec=redacted_spec(job.spec), plan=job.plan,
+        attempts=[], measurements={})
+
+
+def team_of(principal: Principal, spec: TrainingSpec) -> str:
+    """The team `spec` is submitted into: a member's own (403 naming it when the spec names another),
+    else the spec's, else the default team."""
+    if principal.role == Role.MEMBER:
+        if spec.team is not None and spec.team != principal.team_name:
+            raise ApiError(403, "forbidden", f"your token belongs to team {principal.team_name!r}; submit"
+                           f" without team or with team: {principal.team_name}",
+                           fields=[ErrorField(loc="team", message=f"omit it or set it to {principal.team_name}")])
+        return principal.team_name or DEFAULT_TEAM
+    return spec.team or DEFAULT_TEAM
+
+
+def fitting_plan(spec: TrainingSpec, planner: PlanRunner) -> Plan:
+    """The (cached) plan of `spec`; 422 `does_not_fit` with the planner's reasons when no layout fits."""
+    result = cached_plan(spec, planner)
+    if not result.fits:
+        raise ApiError(422, "does_not_fit", "no layout fits: " + "; ".join(result.reasons),
+                       details={"reasons": result.reasons, "min_gpus_to_fit": result.min_gpus_to_fit,
+                                "closest": result.model_dump(mode="json")})
+    return result
+
+
+def resolve_team(session: Session, name: str) -> Team:
+    """Only the default team appears by itself; other teams are created on purpose (POST /v1/teams)."""
+    return ensure_team(session, name) if name == DEFAULT_TEAM else team_by_name(session, name)
+
+
+def submit_job(db: sessionmaker[Session], principal: Principal, spec: TrainingSpec,
+               idempotency_key: str | None, configured: Collection[str] | None, planner: PlanRunner,
+               *, local_gpus: str | None = None) -> Submitted:
+    """Plan and queue `spec`; the answer carries the response body. Everything the job needs is
+    checked and written in one transaction (priority limit, pools, team, job, event, idempotency key),
+    committed before this returns; planning comes first, outside it (cached, on `planner`'s threads).
+    A request with an `Idempotency-Key` first looks the key up in a transaction of its own.
 
     Raises `ApiError` 403 when a member names another team or sets a priority above the team's
     `max_priority`, 422 when the spec's backend is not configured or no layout fits (with the
@@ -208,49 +283,50 @@ def submit(db: sessionmaker[Session], principal: Principal, spec: TrainingSpec,
     503 when every planning thread is busy, `Conflict` when the key was used with a different body.
     """
     check_backend(spec, configured)
-    if principal.role == Role.MEMBER:
-        if spec.team is not None and spec.team != principal.team_name:
-            raise ApiError(403, "forbidden", f"your token belongs to team {principal.team_name!r}; submit"
-                           f" without team or with team: {principal.team_name}")
-        team_name = principal.team_name or DEFAULT_TEAM
-    else:
-        team_name = spec.team or DEFAULT_TEAM
+    team_name = team_of(principal, spec)
     if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_KEY:
         raise ApiError(400, "bad_request", f"Idempotency-Key must be 1 to {MAX_KEY} characters")
     idem = None
     if idempotency_key is not None:
         idem = (idempotency_scope(principal), idempotency_key,
                 body_hash(spec.model_dump(mode="json", exclude_unset=True)))
-        with db.begin() as session:
-            earlier = find_idempotent(session, *idem)
-            if earlier is not None:
-                return earlier.id, False
+        replay = _replay(db, principal, idem)
+        if replay is not None:
+            return replay
 
-    if principal.role == Role.MEMBER:
-        with db.begin() as session:
-            check_priority(session, principal, session.get(Team, principal.team_id) if principal.team_id else None,
-                           spec.priority)
-    result = cached_plan(spec, planner)
-    if not result.fits:
-        raise ApiError(422, "does_not_fit", "no layout fits: " + "; ".join(result.reasons),
-                       details={"reasons": result.reasons, "min_gpus_to_fit": result.min_gpus_to_fit,
-                                "closest": result.model_dump(mode="json")})
-    with db.begin() as session:
-        check_pools(session, spec, result, local_gpus)
+    result = fitting_plan(spec, planner)
     stored_spec = spec.model_copy(update={"team": team_name})
     try:
         with db.begin() as session:
-            # Only the default team appears by itself; other teams are created on purpose (POST /v1/teams).
-            team = ensure_team(session, team_name) if team_name == DEFAULT_TEAM else team_by_name(session, team_name)
-            job = create_job(session, NewJob(team=team, spec=stored_spec, plan=result), actor=principal.actor,
-                             idempotency=idem)
-            return job.id, True
+            team = resolve_team(session, team_name)
+            check_priority(session, principal, team, spec.priority)
+            check_pools(session, spec, result, local_gpus)
+            [job] = insert_jobs(session, [NewJob(team=team, spec=stored_spec, plan=result)], actor=principal.actor,
+                                idempotency=idem)
+            return Submitted(job.id, True, encoded(new_job_out(job)), team.name)
     except IntegrityError:
         if idem is None:
             raise
         # A concurrent request with the same key committed first: answer with its job.
-        with db.begin() as session:
-            earlier = find_idempotent(session, *idem)
-            if earlier is None:
-                raise
-            return earlier.id, False
+        replay = _replay(db, principal, idem)
+        if replay is None:
+            raise
+        return replay
+
+
+def _replay(db: sessionmaker[Session], principal: Principal, idem: tuple[str, str, str]) -> Submitted | None:
+    """The answer for an idempotency key already used with this body (None: unused; `Conflict`: other body)."""
+    with db.begin() as session:
+        earlier = find_idempotent(session, *idem)
+        if earlier is None:
+            return None
+        job = visible_job(session, principal, earlier.id, detail=True)
+        return Submitted(job.id, False, encoded(job_out(session, job)), job.team.name)
+
+
+def submit(db: sessionmaker[Session], principal: Principal, spec: TrainingSpec,
+           idempotency_key: str | None, configured: Collection[str] | None, planner: PlanRunner,
+           *, local_gpus: str | None = None) -> tuple[int, bool]:
+    """`submit_job`, for callers that want only (job id, created); created is False for a replay."""
+    submitted = submit_job(db, principal, spec, idempotency_key, configured, planner, local_gpus=local_gpus)
+    return submitted.job_id, submitted.created
