@@ -26,6 +26,8 @@ What the planner does with that cluster and spec, and why it differs from Meta (
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pytest
 
 from service.planner import plan
@@ -42,7 +44,7 @@ PUBLISHED: dict[int, tuple[dict[str, int], float]] = {
 MFU_BAND = (0.5, 1.1)  # predicted / published MFU for the published mesh, see the module doc
 
 
-def llama3_405b(seq_len: int, layout: dict[str, int] | None = None) -> TrainingSpec:
+def llama3_405b(seq_len: int, layout: Mapping[str, object] | None = None) -> TrainingSpec:
     return TrainingSpec.model_validate({
         "name": "llama3-405b",
         "model": {"preset": "llama-3.1-405b", "seq_len": seq_len},
