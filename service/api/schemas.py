@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from service.backend_options import BackendKind
 from service.names import Label
+from service.planner.calibration import PredictionError
 from service.planner.result import Plan
 from service.spec import TrainingSpec
 from service.store.vocab import AttemptStatus, FailureClass, JobStatus, MeasurementKind, Role
@@ -71,11 +72,15 @@ class JobOut(JobSummary):
     plan: Plan
     attempts: list[AttemptOut]
     measurements: dict[MeasurementKind, MeasurementOut] = Field(description="The newest measurement of each kind.")
+    prediction_error: PredictionError | None = Field(
+        None, description="The plan's step time and peak memory against the newest report's: ratio ="
+        " measured / predicted (null until the job reports).")
 
 
 class JobPage(BaseModel):
     items: list[JobSummary]
-    next_cursor: str | None = Field(description="Pass as ?cursor= for the next (older) page; null at the end.")
+    next_cursor: str | None = Field(description="Pass as ?cursor= (with the same sort) for the next page;"
+                                    " null at the end.")
 
 
 class EventOut(BaseModel):

@@ -14,12 +14,13 @@ from datetime import datetime
 from typing import Any, TypeVarTuple
 
 from sqlalchemy import Select, func, select
-from sqlalchemy.orm import Session, selectinload, undefer
+from sqlalchemy.orm import Session, contains_eager, selectinload, undefer
 
 from service.backend_options import BackendKind
 from service.planner.result import Plan
 from service.spec import TrainingSpec
 from service.store.event_feed import committed_horizon
+from service.store.job_sort import DEFAULT_SORT, JobCursor, JobSort, SortField, cursor_after, segments
 from service.store.models import Event, IdempotencyKey, Job, Measurement, Team
 from service.store.queue_view import invalidate as invalidate_queue_view
 from service.store.states import TERMINAL, add_event, transition
@@ -128,8 +129,8 @@ def _filtered(stmt: Select[*Row], principal: Principal, filters: JobFilter, *,
         stmt = stmt.where(Job.id == principal.job_id)
     if status and filters.status:
         stmt = stmt.where(Job.status.in_(list(filters.status)))
-    if filters.team:
-        stmt = stmt.join(Team, Team.id == Job.team_id).where(Team.name == filters.team)
+    if filters.team:  # a scalar subquery, not a join: the (team_id, column, id) indexes then give the order
+        stmt = stmt.where(Job.team_id == select(Team.id).where(Team.name == filters.team).scalar_subquery())
     if filters.backend:
         stmt = stmt.where(Job.backend == filters.backend)
     if filters.name:
@@ -144,16 +145,30 @@ def _filtered(stmt: Select[*Row], principal: Principal, filters: JobFilter, *,
 
 
 def list_jobs(session: Session, principal: Principal, filters: JobFilter, *, limit: int = 50,
-              cursor: int | None = None, oldest_first: bool = False) -> tuple[list[Job], int | None]:
-    """Newest first (or oldest first). Returns a page and the cursor of the next page (None at the end)."""
+              cursor: JobCursor | None = None, sort: JobSort = DEFAULT_SORT) -> tuple[list[Job], JobCursor | None]:
+    """A page of the jobs `principal` may see that match `filters`, in `sort`'s order (newest first by
+    default), after `cursor`; and the cursor of the next page (None at the end). Keyset paging (see
+    `service.store.job_sort`): every matching row comes exactly once across the pages. `cursor`
+    must be of the same sort (`JobCursor.decode` checks that)."""
     limit = max(1, min(limit, MAX_PAGE))
     stmt = _filtered(select(Job), principal, filters)
-    if cursor is not None:
-        stmt = stmt.where(Job.id > cursor if oldest_first else Job.id < cursor)
-    order = Job.id.asc() if oldest_first else Job.id.desc()
-    rows = list(session.scalars(stmt.order_by(order).limit(limit + 1)))
-    next_cursor = rows[limit - 1].id if len(rows) > limit else None
+    if sort.field is SortField.TEAM:
+        stmt = stmt.join(Team, Team.id == Job.team_id).options(contains_eager(Job.team))
+    rows: list[Job] = []
+    for where, order in segments(sort, cursor):
+        if len(rows) > limit:
+            break
+        rows += session.scalars(stmt.where(*where).order_by(*order).limit(limit + 1 - len(rows)))
+    next_cursor = cursor_after(sort, rows[limit - 1]) if len(rows) > limit else None
     return rows[:limit], next_cursor
+
+
+def jobs_after(session: Session, principal: Principal, filters: JobFilter, after_id: int, *,
+               limit: int = 50) -> list[Job]:
+    """Jobs newer than `after_id` matching `filters`, oldest first: what a live newest-first list prepends."""
+    rows, _ = list_jobs(session, principal, filters, limit=limit, sort=DEFAULT_SORT.reversed(),
+                        cursor=JobCursor(DEFAULT_SORT.reversed(), None, after_id))
+    return rows
 
 
 COUNT_CAP = 5_000

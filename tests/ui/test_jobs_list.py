@@ -55,9 +55,9 @@ def test_pages_filters_counts_and_sorting(quiet_dashboard: Dashboard, seeded: di
     assert run_axe(page) == []
     screenshots(page, "jobs-filtered")
 
-    page.get_by_role("link", name="Job (sort oldest first)").click()
-    page.wait_for_url(re.compile("sort=oldest"))
-    assert row_ids(page) == sorted(seeded["audio"])
+    page.get_by_role("link", name="Submitted (sort ascending)").click()
+    page.wait_for_url(re.compile("sort=submitted"))
+    assert row_ids(page) == sorted(seeded["audio"]) and "team=audio" in page.url  # the filter is kept
 
     page.goto(f"{quiet_dashboard.url}/ui/jobs?status=SUCCEEDED")
     expect(page.get_by_text("No jobs match these filters.")).to_be_visible()
@@ -72,6 +72,39 @@ def test_pages_filters_counts_and_sorting(quiet_dashboard: Dashboard, seeded: di
     alert = page.get_by_role("alert")
     expect(alert).to_contain_text("status: Input should be 'QUEUED'")  # the field and what it accepts
     assert len(row_ids(page)) == AUDIO_JOBS  # the other filters still apply
+
+
+def sort_state(page: Any) -> dict[str, str]:
+    """Column header text -> its aria-sort, for the columns that have one."""
+    return dict(page.locator("thead th[aria-sort]").evaluate_all(
+        "ths => ths.map(th => [th.querySelector('a').firstChild.textContent.trim(), th.getAttribute('aria-sort')])"))
+
+
+def test_sorting_by_a_column_header_pages_in_that_order(quiet_dashboard: Dashboard, seeded: dict[str, list[int]],
+                                                        page: Any) -> None:
+    sign_in(page, quiet_dashboard.url, quiet_dashboard.token("admin"))
+    assert sort_state(page) == {"Submitted": "descending"}
+    page.get_by_role("link", name="Team (sort ascending)").click()
+    page.wait_for_url(re.compile(r"sort=team(&|$)"))
+    assert sort_state(page) == {"Team": "ascending"}
+    expect(page.locator("caption")).to_contain_text("team, A to Z")
+    # audio before vision, each team's jobs by id: across the two pages, every job once
+    shown = row_ids(page)
+    page.get_by_role("link", name="Next page").click()
+    page.wait_for_url(re.compile("cursor="))
+    shown += row_ids(page)
+    assert shown == sorted(seeded["audio"]) + sorted(seeded["vision"])
+
+    page.get_by_role("link", name="Team (sort descending)").click()
+    page.wait_for_url(re.compile("sort=-team"))
+    assert sort_state(page) == {"Team": "descending"}
+    assert row_ids(page) == sorted(seeded["vision"], reverse=True) + sorted(seeded["audio"], reverse=True)[:2]
+    assert run_axe(page) == []
+
+    # a cursor of another sort is not used: the first page shows, and the page says why
+    page.goto(f"{quiet_dashboard.url}/ui/jobs?sort=name&cursor=5")
+    expect(page.get_by_role("alert")).to_contain_text("cursor: this cursor pages sort=-submitted")
+    assert row_ids(page)[:3] == sorted(seeded["audio"])  # speech < train, first page
 
 
 def test_a_member_sees_their_team_only(quiet_dashboard: Dashboard, seeded: dict[str, list[int]], page: Any) -> None:

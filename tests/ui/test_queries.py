@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 
+from service.store.job_sort import JobSort
 from service.store.jobs import JobFilter, count_jobs_by_status, list_events, list_jobs, set_priority, visible_job
 from service.store.models import Job, utcnow
 from service.store.tokens import Conflict, NotFound, Principal
@@ -43,9 +44,10 @@ def test_filters_pages_and_capped_counts(env: Env, admin: dict[str, str]) -> Non
         assert count_jobs_by_status(session, ADMIN, JobFilter(), cap=5)[1] is False
         assert [j.id for j in list_jobs(session, ADMIN, JobFilter(gpu="cpu"), limit=10)[0]] == ids[::-1]
         assert list_jobs(session, ADMIN, JobFilter(gpu="H100-SXM-80GB"))[0] == []
-        page, cursor = list_jobs(session, ADMIN, JobFilter(), limit=2, oldest_first=True)
-        assert [j.id for j in page] == ids[:2] and cursor == ids[1]
-        rest, _ = list_jobs(session, ADMIN, JobFilter(), limit=10, cursor=cursor, oldest_first=True)
+        oldest = JobSort.parse("submitted")
+        page, cursor = list_jobs(session, ADMIN, JobFilter(), limit=2, sort=oldest)
+        assert [j.id for j in page] == ids[:2] and cursor is not None and cursor.id == ids[1]
+        rest, _ = list_jobs(session, ADMIN, JobFilter(), limit=10, cursor=cursor, sort=oldest)
         assert [j.id for j in rest] == ids[2:]
         now = utcnow()
         assert len(list_jobs(session, ADMIN, JobFilter(created_after=now - timedelta(hours=1)))[0]) == 5

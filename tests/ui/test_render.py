@@ -43,11 +43,23 @@ def test_the_jobs_query_keeps_its_filters_in_links_and_reads_dates_as_whole_days
     assert query.since == datetime(2026, 11, 30, tzinfo=UTC)
     assert query.until == datetime(2026, 12, 2, tzinfo=UTC)  # the last day is included
     assert query.until_input() == "2026-12-01"
-    link = query.url(sort="oldest", cursor=None)
+    assert query.sort == "-submitted"  # `newest`, from before there were other sorts
+    link = query.url(sort="-gpus", cursor=None)
     again = JobsQuery.model_validate({"status": ["RUNNING"], "team": "vision", "since": "2026-11-30T00:00:00Z",
-                                      "until": "2026-12-02T00:00:00Z", "sort": "oldest"})
+                                      "until": "2026-12-02T00:00:00Z", "sort": "-gpus"})
     assert link.startswith("/ui/jobs?") and "status=RUNNING" in link and "team=vision" in link
-    assert "sort=oldest" in link and "cursor" not in link and again.filters().team == "vision"
+    assert "sort=-gpus" in link and "cursor" not in link and again.filters().team == "vision"
+
+
+def test_sort_headers_flip_the_current_column_and_keep_the_filters() -> None:
+    query = JobsQuery.model_validate({"team": "vision", "sort": "-gpus", "cursor": "abc"})
+    gpus, name = query.header("gpus"), query.header("name")
+    assert gpus.aria_sort == "descending" and gpus.action == "sort ascending"
+    assert "sort=gpus" in gpus.href and "team=vision" in gpus.href and "cursor" not in gpus.href
+    assert name.aria_sort is None and "sort=name" in name.href and name.action == "sort ascending"
+    assert query.header("finished").action == "sort descending"  # times and counts start biggest first
+    newest = JobsQuery.model_validate({})
+    assert newest.header("submitted").aria_sort == "descending" and "sort=submitted" in newest.header("submitted").href
 
 
 @pytest.mark.parametrize("target", ["https://evil.example/ui/jobs", "//evil.example/ui/jobs", "/v1/jobs",

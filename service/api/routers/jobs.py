@@ -28,6 +28,7 @@ from service.api.views import event_out, job_out, job_summary
 from service.backend_options import BackendKind
 from service.names import Label
 from service.spec import TrainingSpec
+from service.store.job_sort import BadCursor, JobCursor, JobSort, SortText
 from service.store.jobs import (
     MAX_PAGE,
     JobFilter,
@@ -93,20 +94,30 @@ def create_job(spec: TrainingSpec, principal: Person, db: Db, request: Request,
     return response
 
 
-@router.get("", response_model=JobPage, summary="List jobs, newest first")
+@router.get("", response_model=JobPage, responses={422: {"model": ErrorResponse}},
+            summary="List jobs, newest first or in another order")
 def get_jobs(principal: Caller, db: Db,
              status: Annotated[list[JobStatus] | None, Query(description="Repeat to match several.")] = None,
              team: Annotated[Label | None, Query()] = None,
              backend: Annotated[BackendKind | None, Query()] = None,
              name: Annotated[str | None, Query(max_length=200)] = None,
              limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
-             cursor: Annotated[str | None, Query(pattern=r"^\d{1,18}$")] = None) -> JobPage:
+             sort: Annotated[SortText, Query(description="The order: a column, descending with a leading `-`;"
+                                             " ties go by job id in the same direction.")] = "-submitted",
+             cursor: Annotated[str | None, Query(pattern=r"^[A-Za-z0-9_-]{1,600}$",
+                                                 description="`next_cursor` of the previous page, with the"
+                                                 " same `sort`.")] = None) -> JobPage:
     filters = JobFilter(status=list(status or []), team=team, backend=backend, name=name)
+    order = JobSort.parse(sort)
+    try:
+        after = JobCursor.decode(cursor, order) if cursor else None
+    except BadCursor as exc:
+        raise ApiError(422, "validation_error", f"cursor: {exc}",
+                       fields=[ErrorField(loc="query.cursor", message=str(exc))]) from exc
     with db.begin() as session:
-        rows, next_cursor = list_jobs(session, principal, filters, limit=limit,
-                                      cursor=int(cursor) if cursor else None)
+        rows, next_cursor = list_jobs(session, principal, filters, limit=limit, cursor=after, sort=order)
         return JobPage(items=[job_summary(j) for j in rows],
-                       next_cursor=str(next_cursor) if next_cursor is not None else None)
+                       next_cursor=next_cursor.encode() if next_cursor is not None else None)
 
 
 @router.get("/{job_id}", response_model=JobOut, responses=ERRORS)
