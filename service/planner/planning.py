@@ -5,11 +5,14 @@ from __future__ import annotations
 import dataclasses
 
 from service.planner.budget import Deadline
+from service.planner.calibration import Calibration, calibrate_candidate, family, scale_time, search_context
+from service.planner.calibration import apply as apply_calibration
 from service.planner.errors import FieldProblem, InvalidSpec
 from service.planner.explain import gib, memory_sentence, plural, rubric, simpler_words, why_slower
 from service.planner.layout import Layout
 from service.planner.result import (
     Alternative,
+    CalibrationUse,
     CommVolumes,
     MemoryBreakdown,
     Plan,
@@ -36,7 +39,7 @@ from service.spec import LayoutPins, TrainingSpec
 
 
 def plan(spec: TrainingSpec, *, deadline: Deadline | None = None,
-         min_free_fraction: float | None = None) -> Plan:
+         min_free_fraction: float | None = None, calibration: Calibration | None = None) -> Plan:
     """Search every runnable layout the spec's pins allow and return the best that fits (see
     `search`: runtime gaps last, then layouts leaving less than `min_free_fraction` of GPU memory
     free, then the simplest within `SIMPLER_WITHIN` of the fastest). `min_free_fraction` None takes
@@ -46,20 +49,34 @@ def plan(spec: TrainingSpec, *, deadline: Deadline | None = None,
     the reasons, and the smallest GPU count of this kind that would fit.
     Raises `InvalidSpec` for a spec that cannot be planned at all, and `SearchBudgetExceeded` when
     the search (or the search for the smallest GPU count that fits) runs past `deadline`.
+
+    With a `calibration` (`service.planner.calibration`), each layout's step time and per-GPU total
+    are scaled by its GPU kind and family's factors where enough runs exist, fit and ranking are
+    decided on the scaled figures, and `Plan.calibration` says what was applied. Without one the
+    plan is the model's alone and `Plan.calibration` is None.
     """
     wanted = spec.planner.min_free_fraction if min_free_fraction is None else min_free_fraction
     ctx = dataclasses.replace(resolve(spec), min_free=wanted)
     if problems := runnable_pin_problems(spec.layout, spec.training.precision):
         raise InvalidSpec(problems)
-    result = search(ctx, deadline=deadline)
+    if calibration is None:
+        result = search(ctx, deadline=deadline)
+    else:
+        result = apply_calibration(ctx, search(search_context(ctx, calibration), deadline=deadline), calibration)
     if result.best is not None:
-        return _assemble(ctx, result.best, result)
+        return _assemble(ctx, result.best, result, calibration=calibration)
     reasons = _no_fit_reasons(ctx, result)
     target = result.closest
     if target is None:
         raise InvalidSpec([FieldProblem(loc=("layout",), message="no valid layout: " + "; ".join(reasons))])
     target = evaluate_layout(ctx, target.layout)
-    return _assemble(ctx, target, result, reasons=reasons, min_gpus=smallest_fitting_world(ctx, deadline))
+    min_gpus = smallest_fitting_world(ctx, deadline)
+    if calibration is not None:
+        target = calibrate_candidate(ctx, target, calibration)
+        if min_gpus is not None and min_gpus <= ctx.cluster.world_size:
+            # The model alone fits here; a count for the calibrated memory is not searched.
+            min_gpus = None
+    return _assemble(ctx, target, result, reasons=reasons, min_gpus=min_gpus, calibration=calibration)
 
 
 def estimate(spec: TrainingSpec, layout: Layout) -> Plan:
@@ -91,9 +108,10 @@ def _oom_reason(ctx: Context, cand: Candidate) -> str:
     limit, mem = ctx.cluster.memory_bytes_per_gpu, cand.mem
     host = ctx.cluster.cpu_memory_gib * 2**30
     parts = []
-    if mem.total > limit:
-        parts.append(f"needs {gib(mem.total)} per GPU, {gib(mem.total - limit)} more than the {gib(limit)}"
-                     " available")
+    if cand.total > limit:  # cand.total is mem.total, or calibrated (mem.total x the memory factor)
+        calibrated = " calibrated" if cand.total > mem.total * 1.000001 else ""
+        parts.append(f"needs {gib(cand.total)} per GPU{calibrated}, {gib(cand.total - limit)} more than the"
+                     f" {gib(limit)} available")
     if mem.cpu_per_node > host:
         parts.append(f"offloads {gib(mem.cpu_per_node)} per node to host memory, more than the"
                      f" {gib(host)} available")
@@ -238,13 +256,44 @@ def _decision(ctx: Context, cand: Candidate, result: SearchResult) -> list[str]:
     return lines
 
 
+def _calibration_use(ctx: Context, cand: Candidate, calibration: Calibration) -> CalibrationUse:
+    gpu, fam = ctx.cluster.gpu.name, family(cand.layout)
+    group = calibration.group(gpu, fam)
+    step = calibration.step_factor(gpu, fam)
+    assert cand.time is not None
+    families = len(calibration.used_for(gpu))
+    return CalibrationUse(
+        used=families > 0, gpu=gpu, family=fam, runs=group.runs if group is not None else 0,
+        min_runs=calibration.min_runs, step_factor=step, memory_factor=calibration.memory_factor(gpu, fam),
+        model_step_s=cand.time.step_s / step, memory_total=int(cand.total), families=families)
+
+
+def _calibration_sentence(use: CalibrationUse, model_total: float) -> str:
+    if use.step_factor != 1.0 or use.memory_factor != 1.0:
+        return (f"Calibrated from {plural(use.runs, 'measured run')} of {use.family} on {use.gpu}: step time"
+                f" x{use.step_factor:.3g} (the model says {use.model_step_s:.3g} s), memory x{use.memory_factor:.3g}"
+                f" ({gib(use.memory_total)} per GPU against the model's {gib(model_total)}); fit and ranking use"
+                " the calibrated figures.")
+    if use.used:
+        return (f"Calibration: {use.family} on {use.gpu} has {plural(use.runs, 'measured run')}, fewer than the"
+                f" {use.min_runs} a factor needs, so its figures are the model's; the factors of"
+                f" {plural(use.families, 'other family', 'other families')} re-ranked their layouts.")
+    return (f"Not calibrated: no layout family on {use.gpu} has {use.min_runs} measured runs yet"
+            f" ({use.family}: {use.runs}); the figures are the model's.")
+
+
 def _assemble(ctx: Context, cand: Candidate, result: SearchResult | None, *,
-              reasons: list[str] | None = None, min_gpus: int | None = None) -> Plan:
+              reasons: list[str] | None = None, min_gpus: int | None = None,
+              calibration: Calibration | None = None) -> Plan:
     spec, shape, cl = ctx.spec, ctx.shape, ctx.cluster
     lay, mem = cand.layout, cand.mem
-    t = cand.time or step_time(shape, cl, lay, precision=ctx.precision, optimizer=ctx.optimizer,
-                               attention=ctx.attention)
+    t = cand.time
+    if t is None:
+        t = step_time(shape, cl, lay, precision=ctx.precision, optimizer=ctx.optimizer, attention=ctx.attention)
+        if calibration is not None:
+            t = scale_time(t, calibration.step_factor(cl.gpu.name, family(lay)))
     cand.time = t
+    use = _calibration_use(ctx, cand, calibration) if calibration is not None else None
     tokens = spec.training.global_batch * shape.seq_len
     flops = model_flops_per_step(shape, spec.training.global_batch)
     peak = cl.gpu.peak_tflops[ctx.precision] * 1e12
@@ -288,11 +337,12 @@ def _assemble(ctx: Context, cand: Candidate, result: SearchResult | None, *,
             compute=ctx.precision, params="fp32", grads="fp32", reduce="fp32",
             loss_scaler=ctx.precision == "fp16"),
         rubric=rubric(ctx),
-        explanation=_explanation(ctx, cand, result),
+        explanation=_explanation(ctx, cand, result) + (
+            [_calibration_sentence(use, mem.total)] if use is not None else []),
         alternatives=alternatives, rejected=rejected,
         candidates_evaluated=result.evaluated if result is not None else 1,
         reasons=reasons or [], min_gpus_to_fit=min_gpus, warnings=_warnings(ctx, cand),
-        shape=shape, training=spec.training,
+        shape=shape, training=spec.training, calibration=use,
     )
 
 

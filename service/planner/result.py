@@ -92,6 +92,24 @@ class Rejected(BaseModel):
                         " a runtime gap), or were skipped because compute alone is slower than 1.25x the best.")
 
 
+class CalibrationUse(BaseModel):
+    """Whether and how measurements of earlier runs corrected this plan (docs/planner.md, "Calibration").
+
+    When `used`, the plan's `time` and ranking include `step_factor` and its fit was decided on
+    `memory_total` (the model's `memory.total` times `memory_factor`); `memory` stays the model's breakdown."""
+
+    used: bool
+    gpu: str
+    family: str = Field(description="The chosen layout's family, e.g. `fsdp+tp`.")
+    runs: int = Field(description="Measured runs of this GPU kind and family.")
+    min_runs: int = Field(description="Runs a factor needs before it is used.")
+    step_factor: float = Field(description="Applied to the step time (1.0: not applied).")
+    memory_factor: float = Field(description="Applied to the per-GPU total (1.0: not applied).")
+    model_step_s: float = Field(description="The model's step time before calibration.")
+    memory_total: int = Field(description="Calibrated bytes per GPU: memory.total x memory_factor.")
+    families: int = Field(0, description="Families of this GPU kind with a factor in use (they re-ranked the search).")
+
+
 class Plan(BaseModel):
     name: str
     fits: bool
@@ -119,6 +137,8 @@ class Plan(BaseModel):
         " all a job needs to run this plan (None only in plans stored before plans carried it).")
     training: TrainingConfig | None = Field(
         None, description="The spec's training settings the plan was made for (batch, precision, optimizer, steps).")
+    calibration: CalibrationUse | None = Field(
+        None, description="Set when the plan was made with a calibration: whether it was used, the factors, the runs.")
 
     @property
     def runnable(self) -> bool:

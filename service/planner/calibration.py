@@ -1,0 +1,307 @@
+"""Calibration from measurements: correction factors per GPU kind and layout family, fitted from
+finished jobs' measured step time and peak memory, and applied to a search's candidates.
+
+Pure: no store, no torch. The store (`service.store.calibration`) collects one `Sample` per
+succeeded run; `fit` turns samples into a `Calibration`; `plan(spec, calibration=...)` applies it
+through `apply`.
+
+The rules (docs/planner.md, "Calibration"):
+
+- **Family** (`family`): the sharding kind (`ddp`; `zero` for zero1/zero2; `fsdp` for zero3, fsdp
+  and hsdp), then `+tp`, `+pp`, `+cp` for each parallel dimension above 1 and `+offload` when
+  offloading, e.g. `fsdp+tp+pp`. Layouts of one family share their error's causes.
+- **Fit**: the factor is exp(median(ln(measured / predicted))) over a group's newest
+  `window` runs, separately for step time and peak memory. A median moves only when half the runs
+  move: a few wild runs (a noisy neighbour, a stuck rank) do not change it beyond the range of
+  the others.
+- **Use**: a factor is used only when its group has at least `min_runs` runs (default 5); below
+  that the plan is made as without calibration and says so.
+- **Apply**: the step-time factor multiplies every part of a candidate's step time (so ranking and
+  every sentence use the calibrated time); the memory factor multiplies its per-GPU total, and
+  the calibrated total decides whether it fits and whether it leaves the minimum free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field
+
+from service.planner.layout import Layout
+from service.planner.search import DIMENSIONS, Candidate, Context, SearchResult, choose
+from service.planner.timing import StepTime
+
+DEFAULT_MIN_RUNS = 5
+DEFAULT_WINDOW = 200
+_ZERO = {"zero1", "zero2"}
+_FSDP = {"zero3", "fsdp", "hsdp"}
+
+
+def family(layout: Layout | Mapping[str, Any]) -> str:
+    """The layout family a calibration factor is kept for, e.g. `ddp`, `zero+tp`, `fsdp+tp+pp+offload`."""
+    get = layout.get if isinstance(layout, Mapping) else (lambda k, d=None: getattr(layout, k, d))
+    sharding = str(get("sharding", "ddp"))
+    name = "zero" if sharding in _ZERO else "fsdp" if sharding in _FSDP else "ddp"
+    for dim in ("tp", "pp", "cp"):
+        if int(get(dim, 1) or 1) > 1:
+            name += f"+{dim}"
+    if str(get("offload", "none") or "none") != "none":
+        name += "+offload"
+    return name
+
+
+class Sample(BaseModel):
+    """One succeeded run: the model's prediction (before any calibration) and what was measured."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gpu: str
+    family: str
+    predicted_step_s: float = Field(gt=0)
+    measured_step_s: float | None = Field(None, gt=0)
+    predicted_peak_bytes: float = Field(gt=0)
+    measured_peak_bytes: float | None = Field(None, gt=0)
+
+
+class Factor(BaseModel):
+    """One fitted correction: measured = value x predicted, from `runs` runs.
+
+    `error_before` and `error_after` are mean absolute percentage errors (0.12 = 12%) of those runs
+    against the model and against the model times `value` (in-sample)."""
+
+    value: float
+    runs: int
+    error_before: float
+    error_after: float
+
+
+class GroupCalibration(BaseModel):
+    """The factors of one GPU kind and layout family; `step`/`memory` None when no run measured it."""
+
+    gpu: str
+    family: str
+    runs: int
+    step: Factor | None = None
+    memory: Factor | None = None
+
+
+class Calibration(BaseModel):
+    """Every group's factors and the minimum runs before a factor is used."""
+
+    min_runs: int = Field(DEFAULT_MIN_RUNS, ge=1)
+    groups: list[GroupCalibration] = Field(default_factory=list)
+
+    def group(self, gpu: str, fam: str) -> GroupCalibration | None:
+        return next((g for g in self.groups if g.gpu == gpu and g.family == fam), None)
+
+    def step_factor(self, gpu: str, fam: str) -> float:
+        """The step-time factor to apply, 1.0 below `min_runs`."""
+        g = self.group(gpu, fam)
+        return g.step.value if g is not None and g.step is not None and g.step.runs >= self.min_runs else 1.0
+
+    def memory_factor(self, gpu: str, fam: str) -> float:
+        """The memory factor to apply, 1.0 below `min_runs`."""
+        g = self.group(gpu, fam)
+        return g.memory.value if g is not None and g.memory is not None and g.memory.runs >= self.min_runs else 1.0
+
+    def used_for(self, gpu: str) -> list[GroupCalibration]:
+        """The groups of `gpu` with at least one factor at or above `min_runs`."""
+        return [g for g in self.groups if g.gpu == gpu and any(
+            f is not None and f.runs >= self.min_runs for f in (g.step, g.memory))]
+
+
+def _factor(pairs: list[tuple[float, float]]) -> Factor | None:
+    """The median-of-log-ratios fit of (predicted, measured) pairs."""
+    if not pairs:
+        return None
+    value = math.exp(statistics.median(math.log(m / p) for p, m in pairs))
+    before = statistics.fmean(abs(m / p - 1) for p, m in pairs)
+    after = statistics.fmean(abs(m / (p * value) - 1) for p, m in pairs)
+    return Factor(value=value, runs=len(pairs), error_before=before, error_after=after)
+
+
+def fit(samples: Iterable[Sample], *, min_runs: int = DEFAULT_MIN_RUNS, window: int = DEFAULT_WINDOW) -> Calibration:
+    """Fit each (gpu, family) group's factors from its newest `window` samples (`samples` oldest first)."""
+    grouped: dict[tuple[str, str], list[Sample]] = {}
+    for s in samples:
+        grouped.setdefault((s.gpu, s.family), []).append(s)
+    groups = []
+    for (gpu, fam), runs in sorted(grouped.items()):
+        recent = runs[-window:]
+        step = _factor([(s.predicted_step_s, s.measured_step_s) for s in recent if s.measured_step_s is not None])
+        mem = _factor([(s.predicted_peak_bytes, s.measured_peak_bytes) for s in recent
+                       if s.measured_peak_bytes is not None])
+        groups.append(GroupCalibration(gpu=gpu, family=fam, runs=len(recent), step=step, memory=mem))
+    return Calibration(min_runs=min_runs, groups=groups)
+
+
+def scale_time(t: StepTime, factor: float) -> StepTime:
+    """Every part of a step time multiplied by `factor` (the traffic volumes stay)."""
+    return dataclasses.replace(t, compute_s=t.compute_s * factor, recompute_s=t.recompute_s * factor,
+                               comm_exposed_s=t.comm_exposed_s * factor, bubble_s=t.bubble_s * factor,
+                               optimizer_s=t.optimizer_s * factor, offload_s=t.offload_s * factor)
+
+
+def search_context(ctx: Context, calibration: Calibration) -> Context:
+    """`ctx` with the memory limit to search under, so that every layout that fits once calibrated
+    is found: the GPU's limit divided by the smallest memory factor below 1 in use on this GPU kind
+    (`apply` then holds each layout to the GPU's own limit)."""
+    factors = [g.memory.value for g in calibration.used_for(ctx.cluster.gpu.name)
+               if g.memory is not None and g.memory.runs >= calibration.min_runs]
+    loosest = min([1.0, *factors])
+    if loosest >= 1.0:
+        return ctx
+    wider = dataclasses.replace(ctx)
+    # Context derives its limits from the cluster in __post_init__; only the search's copy is widened.
+    object.__setattr__(wider, "limit", int(ctx.limit / loosest))
+    object.__setattr__(wider, "roomy", ctx.roomy / loosest)
+    return wider
+
+
+def calibrate_candidate(ctx: Context, cand: Candidate, calibration: Calibration) -> Candidate:
+    """`cand` with its family's factors applied: step time and per-GPU total scaled, fit and tier
+    decided on the scaled total against the GPU's own limit (`ctx.limit`)."""
+    gpu, fam = ctx.cluster.gpu.name, family(cand.layout)
+    total = cand.total * calibration.memory_factor(gpu, fam)
+    fits = total <= ctx.limit
+    step = calibration.step_factor(gpu, fam)
+    time = None if cand.time is None else scale_time(cand.time, step)
+    return Candidate(layout=cand.layout, fits=fits, total=total, parts=cand.parts, time=time,
+                     built=cand.built, tier=ctx.tier(cand.layout, total) if fits else 0)
+
+
+def apply(ctx: Context, result: SearchResult, calibration: Calibration) -> SearchResult:
+    """The search's fitting layouts re-ranked under calibration (`choose` again).
+
+    `result` comes from a search under `search_limit`; layouts over the GPU's limit once calibrated
+    count as out of memory, and when none is left the one closest to fitting is `closest`.
+    The search's timing bound (`PRUNE_FACTOR`) worked on the model's own times: a family made much
+    faster by calibration may have gone untimed."""
+    out = SearchResult(
+        closest=result.closest, closest_ratio=result.closest_ratio, invalid=result.invalid,
+        out_of_memory=result.out_of_memory, dominated=result.dominated, fitting=result.fitting,
+        pruned=result.pruned, pruned_dimensions=set(result.pruned_dimensions),
+        gap_dimensions=set(result.gap_dimensions), evaluated=result.evaluated,
+        invalid_reasons=dict(result.invalid_reasons))
+    over: list[Candidate] = []
+    for cand in result.timed:
+        cal = calibrate_candidate(ctx, cand, calibration)
+        if not cal.fits:
+            out.out_of_memory += 1
+            out.fitting -= 1
+            over.append(cal)
+            continue
+        out.timed.append(cal)
+        key, lay = cal.key(), cal.layout
+        sig = (lay.dp, lay.tp, lay.pp, lay.cp, lay.sharding, lay.dp_shard, lay.offload)
+        held = out.by_signature.get(sig)
+        if held is None or key < held.key():
+            out.by_signature[sig] = cal
+        values = (lay.tp, lay.pp, lay.cp, lay.sharding, lay.activation_checkpointing, lay.offload)
+        for dkey in zip(DIMENSIONS, values, strict=True):
+            held = out.by_dimension.get(dkey)
+            if held is None or key < held.key():
+                out.by_dimension[dkey] = cal
+    choose(ctx, out)
+    if out.best is None and over:
+        out.closest = min(over, key=lambda c: c.total)
+        out.closest_ratio = out.closest.total / ctx.limit
+    return out
+
+
+class _Predicted(BaseModel):
+    step_s: float
+    peak_allocated: float
+
+
+class _Measured(BaseModel):
+    step_s: float | None = None
+    peak: float | None = None
+
+
+class ReportedRun(BaseModel):
+    """The parts of a runtime report (`workers.runtime.report.Report`, posted as a `report`
+    measurement) that calibration reads; everything else is ignored."""
+
+    status: str
+    layout: dict[str, Any]
+    predicted: _Predicted | None = None
+    measured: _Measured = Field(default_factory=_Measured)
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any]) -> ReportedRun | None:
+        """The report, or None when it is not one (a malformed or foreign measurement)."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError:
+            return None
+
+
+def sample_of(report: ReportedRun, gpu: str, *, step_factor: float = 1.0) -> Sample | None:
+    """The calibration sample of a succeeded run, or None (failed, or nothing measured).
+
+    `step_factor` is the factor the job's plan applied to its step time (`Plan.calibration`): the
+    report's predicted step time is divided by it, so samples always hold the model's own
+    prediction and a calibration never fits its own corrections. (A plan's memory breakdown is
+    always the model's: the calibrated total is kept beside it.)"""
+    p, m = report.predicted, report.measured
+    if report.status != "succeeded" or p is None or p.step_s <= 0 or p.peak_allocated <= 0:
+        return None
+    step = m.step_s if m.step_s is not None and m.step_s > 0 else None
+    peak = m.peak if m.peak is not None and m.peak > 0 else None
+    if step is None and peak is None:
+        return None
+    return Sample(gpu=gpu, family=family(report.layout), predicted_step_s=p.step_s / step_factor,
+                  measured_step_s=step, predicted_peak_bytes=p.peak_allocated,
+                  measured_peak_bytes=peak)
+
+
+class PredictionError(BaseModel):
+    """A job's plan against its measurement: ratio = measured / predicted, error = ratio - 1."""
+
+    predicted_step_s: float
+    measured_step_s: float | None
+    step_ratio: float | None
+    predicted_peak_bytes: int = Field(description="The plan's peak allocated bytes on the most loaded rank.")
+    measured_peak_bytes: int | None
+    memory_ratio: float | None
+    calibrated: bool = Field(description="The plan was calibrated from earlier runs (its figures include the factors).")
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def step_error(self) -> float | None:
+        """step_ratio - 1 (0.12: measured 12% slower than predicted)."""
+        return None if self.step_ratio is None else self.step_ratio - 1
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def memory_error(self) -> float | None:
+        """memory_ratio - 1."""
+        return None if self.memory_ratio is None else self.memory_ratio - 1
+
+
+def prediction_error(report: ReportedRun, *, calibrated: bool = False,
+                     memory_factor: float = 1.0) -> PredictionError | None:
+    """The job's prediction error from its report, or None when the report has no prediction.
+    The predicted peak is the model's times `memory_factor`, the factor its plan applied."""
+    p, m = report.predicted, report.measured
+    if p is None:
+        return None
+    predicted_peak = p.peak_allocated * memory_factor
+    step = m.step_s if m.step_s is not None and m.step_s > 0 else None
+    peak = m.peak if m.peak is not None and m.peak > 0 else None
+    return PredictionError(
+        predicted_step_s=p.step_s, measured_step_s=step,
+        step_ratio=None if step is None or p.step_s <= 0 else step / p.step_s,
+        predicted_peak_bytes=int(predicted_peak), measured_peak_bytes=None if peak is None else int(peak),
+        memory_ratio=None if peak is None or predicted_peak <= 0 else peak / predicted_peak,
+        calibrated=calibrated)
+
+
+__all__ = ["DEFAULT_MIN_RUNS", "DEFAULT_WINDOW", "Calibration", "Factor", "GroupCalibration", "PredictionError",
+           "ReportedRun", "Sample", "apply", "calibrate_candidate", "family", "fit", "prediction_error", "sample_of",
+           "scale_time", "search_context"]

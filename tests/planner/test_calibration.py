@@ -1,0 +1,174 @@
+"""Calibration from measurements, pure part: the robust fit, the minimum, and plans that follow it."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.planner import plan
+from service.planner.calibration import (
+    Calibration,
+    ReportedRun,
+    Sample,
+    family,
+    fit,
+    prediction_error,
+    sample_of,
+)
+from service.planner.layout import Layout
+from tests.conftest import make_spec
+
+H100 = "H100-SXM-80GB"
+
+
+def runs(fam: str, *, step: float = 1.0, memory: float = 1.0, n: int = 5, gpu: str = H100) -> list[Sample]:
+    """`n` runs of `fam` measured at `step` x and `memory` x the model's prediction."""
+    return [Sample(gpu=gpu, family=fam, predicted_step_s=2.0, measured_step_s=2.0 * step,
+                   predicted_peak_bytes=4e10, measured_peak_bytes=4e10 * memory) for _ in range(n)]
+
+
+def test_families_name_the_sharding_kind_and_each_parallel_dimension_in_use() -> None:
+    def lay(**kw: object) -> Layout:
+        fields: dict[str, object] = dict(dp=8, tp=1, pp=1, cp=1, sharding="ddp", dp_shard=1, sequence_parallel=False,
+                                         micro_batch=1, grad_accum_steps=1, activation_checkpointing="none",
+                                         pipeline_schedule=None, virtual_stages=1, offload="none")
+        fields.update(kw)
+        return Layout(**fields)  # type: ignore[arg-type]
+
+    assert family(lay()) == "ddp"
+    assert family(lay(sharding="zero2", tp=2)) == "zero+tp"
+    assert family(lay(sharding="hsdp", tp=2, pp=2, cp=2, offload="optimizer")) == "fsdp+tp+pp+cp+offload"
+    assert family(lay(sharding="zero3").to_dict()) == "fsdp"  # a report's layout dict names the same family
+
+
+def test_a_few_wild_runs_do_not_move_the_factor() -> None:
+    steady = [Sample(gpu=H100, family="fsdp", predicted_step_s=1.0, measured_step_s=1.2 + 0.01 * (i % 3 - 1),
+                     predicted_peak_bytes=1e10, measured_peak_bytes=1.05e10) for i in range(10)]
+    wild = [Sample(gpu=H100, family="fsdp", predicted_step_s=1.0, measured_step_s=s,
+                   predicted_peak_bytes=1e10, measured_peak_bytes=m) for s, m in ((12.0, 5e10), (9.0, 4e10), (0.01, 1e8))]
+    [group] = fit(steady + wild).groups
+    assert group.runs == 13
+    assert group.step is not None and group.memory is not None
+    assert group.step.value == pytest.approx(1.2, abs=0.011)
+    assert group.memory.value == pytest.approx(1.05)
+    assert group.step.error_after < group.step.error_before
+    # The same steady runs alone give the same factor: the outliers changed nothing.
+    [alone] = fit(steady).groups
+    assert alone.step is not None and alone.step.value == pytest.approx(group.step.value, abs=0.011)
+
+
+def test_factors_are_kept_apart_per_gpu_kind_and_family() -> None:
+    cal = fit(runs("ddp", step=1.5) + runs("fsdp", step=0.8) + runs("ddp", step=2.0, gpu="A100-SXM-80GB"))
+    assert cal.step_factor(H100, "ddp") == pytest.approx(1.5)
+    assert cal.step_factor(H100, "fsdp") == pytest.approx(0.8)
+    assert cal.step_factor("A100-SXM-80GB", "ddp") == pytest.approx(2.0)
+    assert cal.step_factor(H100, "zero") == 1.0  # never measured
+
+
+def test_only_the_newest_window_of_runs_counts() -> None:
+    cal = fit(runs("ddp", step=3.0, n=10) + runs("ddp", step=1.1, n=6), window=6)
+    assert cal.step_factor(H100, "ddp") == pytest.approx(1.1)
+
+
+def test_without_calibration_a_plan_is_the_models_and_says_nothing_of_it() -> None:
+    bare = plan(make_spec())
+    assert bare.calibration is None
+    assert not any("alibrat" in line for line in bare.explanation)
+
+
+def test_below_the_minimum_runs_no_factor_is_used_and_the_plan_says_so() -> None:
+    bare = plan(make_spec())
+    few = fit(runs(family(bare.layout), step=1.5, memory=1.3, n=4))
+    planned = plan(make_spec(), calibration=few)
+    assert planned.layout == bare.layout and planned.time.step_s == bare.time.step_s
+    assert planned.calibration is not None and not planned.calibration.used
+    assert planned.calibration.runs == 4 and planned.calibration.min_runs == 5
+    assert planned.calibration.step_factor == 1.0 and planned.calibration.memory_factor == 1.0
+    assert any(line.startswith("Not calibrated") and "(zero: 4)" in line for line in planned.explanation)
+    # One more run and the factor is used.
+    planned = plan(make_spec(), calibration=fit(runs(family(bare.layout), step=1.5, memory=1.3, n=5)))
+    assert planned.calibration is not None and planned.calibration.used
+
+
+def test_a_family_measured_slower_loses_the_ranking_to_one_measured_as_predicted() -> None:
+    bare = plan(make_spec())
+    slow = family(bare.layout)
+    planned = plan(make_spec(), calibration=fit(runs(slow, step=1.5)))
+    assert family(planned.layout) != slow
+    use = planned.calibration
+    assert use is not None and use.used and use.step_factor == 1.0 and use.families == 1
+    # The new choice is faster than the earlier one at its measured pace.
+    assert planned.time.step_s < 1.5 * bare.time.step_s
+    # Measured faster than predicted: the family stays chosen and its step time shrinks.
+    quick = plan(make_spec(), calibration=fit(runs(slow, step=0.8)))
+    assert quick.layout == bare.layout
+    assert quick.time.step_s == pytest.approx(0.8 * bare.time.step_s)
+    assert quick.calibration is not None and quick.calibration.model_step_s == pytest.approx(bare.time.step_s)
+    assert any(line.startswith("Calibrated from 5 measured runs of zero") for line in quick.explanation)
+
+
+def test_memory_measured_higher_takes_a_layout_out_of_the_fit() -> None:
+    bare = plan(make_spec())
+    fam = family(bare.layout)
+    limit = bare.memory.gpu_memory
+    assert bare.memory.total * 1.3 > limit  # the model says it fits; measurements say it would not
+    planned = plan(make_spec(), calibration=fit(runs(fam, memory=1.3)))
+    assert family(planned.layout) != fam and planned.fits
+    assert planned.calibration is not None and planned.calibration.memory_total <= limit
+
+
+def test_memory_measured_lower_lets_a_faster_layout_fit() -> None:
+    bare = plan(make_spec())
+    fam = family(bare.layout)
+    planned = plan(make_spec(), calibration=fit(runs(fam, memory=0.8)))
+    assert planned.time.step_s < bare.time.step_s
+    assert planned.memory.total > bare.memory.total  # the model's bytes: more than it would have allowed
+    use = planned.calibration
+    assert use is not None and use.memory_factor == pytest.approx(0.8)
+    assert use.memory_total == pytest.approx(0.8 * planned.memory.total, rel=1e-6)
+    assert use.memory_total <= planned.memory.gpu_memory
+
+
+def test_when_calibrated_memory_fits_nowhere_the_plan_says_so_with_the_calibrated_bytes() -> None:
+    spec = make_spec(model={"preset": "llama-2-7b"}, resources={"gpus_per_node": 1})
+    bare = plan(spec)
+    assert bare.fits
+    planned = plan(spec, calibration=fit(runs(family(bare.layout), memory=1.3)))
+    assert not planned.fits
+    assert any("per GPU calibrated" in reason for reason in planned.reasons)
+    assert planned.min_gpus_to_fit is None  # the model's own count (1) would contradict the verdict
+
+
+def report(status: str = "succeeded", *, step: float | None = 1.1, peak: float | None = 9e9) -> ReportedRun:
+    run = ReportedRun.parse({
+        "status": status, "plan": "p", "world_size": 8, "device": "cuda:0", "steps": 10,
+        "layout": {"sharding": "fsdp", "tp": 2, "pp": 1, "cp": 1, "offload": "none"},
+        "predicted": {"params": 1, "grads": 1, "optimizer": 1, "peak_allocated": 1e10, "peak_reserved": 1.1e10,
+                      "total": 1.2e10, "step_s": 2.0, "tokens_per_s": 1.0, "mfu": 0.4},
+        "measured": {"step_s": step, "peak": peak}, "ratios": {}})
+    assert run is not None
+    return run
+
+
+def test_a_sample_holds_the_models_own_prediction_even_from_a_calibrated_plan() -> None:
+    sample = sample_of(report(), H100, step_factor=1.25)
+    assert sample is not None and sample.family == "fsdp+tp"
+    assert sample.predicted_step_s == pytest.approx(1.6) and sample.measured_step_s == 1.1
+    assert sample.predicted_peak_bytes == 1e10 and sample.measured_peak_bytes == 9e9
+    assert sample_of(report("failed"), H100) is None
+    assert sample_of(report(step=None, peak=None), H100) is None
+    assert ReportedRun.parse({"step_s": 1.5}) is None  # not a runtime report
+
+
+def test_a_jobs_prediction_error_is_measured_over_predicted() -> None:
+    err = prediction_error(report(), memory_factor=1.1)
+    assert err is not None
+    assert err.step_ratio == pytest.approx(0.55) and err.step_error == pytest.approx(-0.45)
+    assert err.predicted_peak_bytes == 11_000_000_000
+    assert err.memory_ratio == pytest.approx(9 / 11)
+    assert prediction_error(report(step=None)) is not None
+    assert prediction_error(report(step=None)).step_ratio is None  # type: ignore[union-attr]
+
+
+def test_the_minimum_is_validated() -> None:
+    with pytest.raises(ValueError, match="min_runs"):
+        Calibration(min_runs=0)
