@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from service.profiles.errors import TraceError
-from service.profiles.reader import DEFAULT_MAX_VALUE_CHARS, read_trace
+from service.profiles.reader import DEFAULT_MAX_VALUE_CHARS, EventBatches, read_trace
 
 DEFAULT_MAX_EVENTS = 4_000_000
 """Complete events kept per rank before a file is refused. Analysis peaks at 330-500 bytes per kept
@@ -39,6 +41,52 @@ SIZE_ARG_KEYS = (
 _SIZE_CARRIERS = re.compile(
     r"^(gloo|nccl|mpi|ucc|xccl|hccl|rccl):|^record_param_comms$|^c10d::|nccl|^Memcpy|^Memset", re.I
 )
+
+
+_UNSET: Any = msgspec.UNSET
+
+
+class _Args(msgspec.Struct, gc=False):
+    """The ``args`` fields the analysis reads; msgspec skips all others without building them."""
+
+    stream: Any = None
+    correlation: Any = None
+    external_id: Any = msgspec.field(default=None, name="External id")
+    name: Any = _UNSET
+    collective_name: Any = msgspec.field(default=_UNSET, name="Collective name")
+    in_msg_nelems: Any = msgspec.field(default=_UNSET, name="In msg nelems")
+    out_msg_nelems: Any = msgspec.field(default=_UNSET, name="Out msg nelems")
+    group_size: Any = msgspec.field(default=_UNSET, name="Group size")
+    dtype: Any = _UNSET
+    input_dims: Any = msgspec.field(default=_UNSET, name="Input Dims")
+    input_type: Any = msgspec.field(default=_UNSET, name="Input type")
+    pg_name_long: Any = msgspec.field(default=_UNSET, name="Process Group Name")
+    bytes: Any = _UNSET
+    pg_ranks: Any = msgspec.field(default=_UNSET, name="Process Group Ranks")
+    pg_name: Any = _UNSET
+
+
+# (JSON key, struct attribute) for SIZE_ARG_KEYS, in that order
+_SIZE_FIELDS = tuple(
+    (f.encode_name, f.name) for f in msgspec.structs.fields(_Args) if f.encode_name in SIZE_ARG_KEYS
+)
+assert [k for k, _ in _SIZE_FIELDS] == list(SIZE_ARG_KEYS)
+
+
+class _Event(msgspec.Struct, gc=False):
+    """One ``traceEvents`` element as the fast path decodes it (see ``reader.EventBatches``)."""
+
+    ph: Any = None
+    name: Any = _UNSET
+    cat: Any = None
+    ts: Any = None
+    dur: Any = None
+    pid: Any = None
+    tid: Any = None
+    args: _Args | None = None
+
+
+_EVENTS_DECODER = msgspec.json.Decoder(list[_Event])
 
 
 def _as_int(value: Any, default: int = -1) -> int:
@@ -100,6 +148,7 @@ class _Builder:
         self.name_ids: dict[str, int] = {}
         self.cat_ids: dict[str, int] = {}
         self.thread_ids: dict[tuple[str, str], int] = {}
+        self.carries_sizes: list[bool] = []  # per name id: does the name match _SIZE_CARRIERS
 
     def _intern(self, table: dict[str, int], values: list[str], key: str) -> int:
         idx = table.get(key)
@@ -107,6 +156,22 @@ class _Builder:
             idx = table[key] = len(values)
             values.append(key)
         return idx
+
+    def _name_id(self, name: str) -> int:
+        idx = self.name_ids.get(name)
+        if idx is None:
+            idx = self.name_ids[name] = len(self.t.names)
+            self.t.names.append(name)
+            self.carries_sizes.append(_SIZE_CARRIERS.search(name) is not None)
+        return idx
+
+    def _too_many(self) -> None:
+        raise TraceError(
+            self.t.path,
+            f"more than {self.max_events:,} complete events in one rank's trace: profile fewer steps "
+            "(a shorter schedule(active=...)), or raise the limit if the memory is there "
+            "(`shardctl profile analyze --max-events`; SHARDCTL_MAX_TRACE_EVENTS for uploads)",
+        )
 
     def add(self, ev: Any) -> None:
         t = self.t
@@ -131,19 +196,15 @@ class _Builder:
             return
         name = str(ev.get("name", ""))
         if len(t.ts) >= self.max_events:
-            raise TraceError(
-                t.path,
-                f"more than {self.max_events:,} complete events in one rank's trace: profile fewer steps "
-                "(a shorter schedule(active=...)), or raise the limit if the memory is there "
-                "(`shardctl profile analyze --max-events`; SHARDCTL_MAX_TRACE_EVENTS for uploads)",
-            )
+            self._too_many()
         try:
             t.ts.append(float(ts))
             t.dur.append(float(dur))
         except (TypeError, ValueError) as exc:
             raise TraceError(t.path, f"event {name!r} has a non-numeric ts/dur") from exc
         i = len(t.ts) - 1
-        t.name_idx.append(self._intern(self.name_ids, t.names, name))
+        nid = self.name_ids.get(name)
+        t.name_idx.append(self._name_id(name) if nid is None else nid)
         t.cat_idx.append(self._intern(self.cat_ids, t.cats, str(cat)))
         key = (str(ev.get("pid")), str(ev.get("tid")))
         tidx = self.thread_ids.get(key)
@@ -156,7 +217,7 @@ class _Builder:
             t.stream.append(_as_int(args.get("stream")))
             t.correlation.append(_as_int(args.get("correlation")))
             t.external_id.append(_as_int(args.get("External id")))
-            if _SIZE_CARRIERS.search(name) or "Collective name" in args:
+            if self.carries_sizes[t.name_idx[i]] or "Collective name" in args:
                 kept = {k: args[k] for k in SIZE_ARG_KEYS if k in args}
                 if kept:
                     t.size_args[i] = kept
@@ -164,6 +225,68 @@ class _Builder:
             t.stream.append(-1)
             t.correlation.append(-1)
             t.external_id.append(-1)
+
+
+    def add_batch(self, events: list[_Event]) -> None:
+        """``add`` for events decoded by the fast path: the same columns, the same errors."""
+        t = self.t
+        t.total_events += len(events)
+        name_ids, cat_ids, thread_map = self.name_ids, self.cat_ids, self.thread_ids
+        carries = self.carries_sizes
+        ts_col, dur_col, name_col, cat_col, thread_col = t.ts, t.dur, t.name_idx, t.cat_idx, t.thread_idx
+        stream_col, corr_col, ext_col = t.stream, t.correlation, t.external_id
+        for ev in events:
+            ts = ev.ts
+            if ts is None or type(ts) is float:
+                t.float_timestamps = True
+            if ev.ph == "M":
+                if ev.name == "thread_name":
+                    a = ev.args
+                    label = "" if a is None or a.name is _UNSET else str(a.name)
+                    t.thread_names[(str(ev.pid), str(ev.tid))] = label
+                continue
+            dur = ev.dur
+            cat = ev.cat
+            if dur is None or cat is None or cat == "Trace" or ts is None:
+                continue
+            if cat == "python_function":
+                t.skipped_python_functions += 1
+                continue
+            name = ev.name
+            if type(name) is not str:
+                name = "" if name is _UNSET else str(name)
+            if len(ts_col) >= self.max_events:
+                self._too_many()
+            try:
+                ts_col.append(float(ts))
+                dur_col.append(float(dur))
+            except (TypeError, ValueError) as exc:
+                raise TraceError(t.path, f"event {name!r} has a non-numeric ts/dur") from exc
+            nid = name_ids.get(name)
+            if nid is None:
+                nid = self._name_id(name)
+            name_col.append(nid)
+            cid = cat_ids.get(cat) if type(cat) is str else None
+            cat_col.append(cid if cid is not None else self._intern(cat_ids, t.cats, str(cat)))
+            key = (str(ev.pid), str(ev.tid))
+            tidx = thread_map.get(key)
+            if tidx is None:
+                tidx = thread_map[key] = len(t.threads)
+                t.threads.append(key)
+            thread_col.append(tidx)
+            args = ev.args
+            if args is None:
+                stream_col.append(-1)
+                corr_col.append(-1)
+                ext_col.append(-1)
+                continue
+            stream_col.append(_as_int(args.stream))
+            corr_col.append(_as_int(args.correlation))
+            ext_col.append(_as_int(args.external_id))
+            if carries[nid] or args.collective_name is not _UNSET:
+                kept = {k: v for k, attr in _SIZE_FIELDS if (v := getattr(args, attr)) is not _UNSET}
+                if kept:
+                    t.size_args[len(ts_col) - 1] = kept
 
 
 def load_rank_trace(
@@ -176,7 +299,8 @@ def load_rank_trace(
     """
     trace = RankTrace(path=path, meta={})
     builder = _Builder(trace, max_events)
-    trace.meta = read_trace(path, builder.add, max_value_chars=max_value_chars)
+    batches = EventBatches(_EVENTS_DECODER, builder.add_batch)
+    trace.meta = read_trace(path, builder.add, max_value_chars=max_value_chars, batch=batches)
     if len(trace) == 0:
         raise TraceError(path, "traceEvents holds no complete ('X') events with a duration: nothing to analyse")
     return trace

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable
 
 Interval = tuple[float, float]
@@ -57,5 +58,35 @@ def subtract(a: Union, b: Union) -> Union:
     return out
 
 
+def _start(iv: Interval) -> float:
+    return iv[0]
+
+
+def _end(iv: Interval) -> float:
+    return iv[1]
+
+
 def clip(u: Union, start: float, end: float) -> Union:
-    return intersect(u, [(start, end)]) if end > start else []
+    """``intersect(u, [(start, end)])``, found by bisection: O(log n + k) for k intervals inside."""
+    if end <= start:
+        return []
+    out = u[bisect.bisect_right(u, start, key=_end) : bisect.bisect_left(u, end, key=_start)]
+    if out:
+        if out[0][0] < start:
+            out[0] = (start, out[0][1])
+        if out[-1][1] > end:
+            out[-1] = (out[-1][0], end)
+    return out
+
+
+class Membership:
+    """Answers "is ``t`` inside one of these half-open intervals" in O(log n)."""
+
+    def __init__(self, intervals: Iterable[Interval]) -> None:
+        merged = union(intervals)
+        self._starts = [s for s, _ in merged]
+        self._ends = [e for _, e in merged]
+
+    def __contains__(self, t: float) -> bool:
+        k = bisect.bisect_right(self._starts, t) - 1
+        return k >= 0 and t < self._ends[k]

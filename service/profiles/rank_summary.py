@@ -7,7 +7,7 @@ from collections import defaultdict
 from service.profiles.classify import LAUNCH_RUNTIME, MEMORY_BOUND_PROXY, EventClass, short_name, subcategory
 from service.profiles.collectives import Instance, summarize
 from service.profiles.events import RankTrace
-from service.profiles.intervals import intersect, measure, union
+from service.profiles.intervals import Membership, intersect, measure, union
 from service.profiles.models import HtaCompat, LaunchStats, Overlap, RankSummary, StepResult, TopItem
 from service.profiles.partition import add_idle, add_partitions, idle_breakdown, partition_window
 from service.profiles.stats import pct, percentile, std
@@ -16,8 +16,9 @@ from service.profiles.timeline import Timeline, Window
 TOP_N = 10
 
 
-def _in_windows(ts: float, windows: list[Window]) -> bool:
-    return any(w.start <= ts < w.end for w in windows)
+def _in_windows(windows: list[Window]) -> Membership:
+    """Which times fall inside one of the step windows."""
+    return Membership((w.start, w.end) for w in windows)
 
 
 def _self_times(t: RankTrace, items: list[int]) -> dict[int, float]:
@@ -41,7 +42,8 @@ def _self_times(t: RankTrace, items: list[int]) -> dict[int, float]:
 def _top_items(
     t: RankTrace, tl: Timeline, windows: list[Window], window_us: float
 ) -> tuple[list[TopItem], float]:
-    items = [i for i in tl.item_events if _in_windows(t.ts[i], windows)]
+    inside = _in_windows(windows)
+    items = [i for i in tl.item_events if t.ts[i] in inside]
     self_t = _self_times(t, items) if tl.basis == "cpu_ops" else {}
     groups: dict[str, list[int]] = defaultdict(list)
     for i in items:
@@ -89,8 +91,9 @@ def _launch_stats(t: RankTrace, tl: Timeline, windows: list[Window]) -> LaunchSt
     cpu_d: list[float] = []
     delays: list[float] = []
     short = n_gpu = lt10 = 0
+    inside = _in_windows(windows)
     for g in tl.item_events:
-        if tl.item_class[g] is EventClass.other or not _in_windows(t.ts[g], windows):
+        if tl.item_class[g] is EventClass.other or t.ts[g] not in inside:
             continue
         n_gpu += 1
         lt10 += t.dur[g] < 10
@@ -134,7 +137,8 @@ def rank_summary(
     comm_us = measure(comm)
     exposed = partition.comm_only_us + partition.comm_memory_us
     top, proxy = _top_items(t, tl, windows, window_us)
-    in_win = [c for c in instances if _in_windows(c.start, windows)]
+    inside = _in_windows(windows)
+    in_win = [c for c in instances if c.start in inside]
     warnings = list(tl.warnings)
     if windows and windows[0].step is not None and len(windows) > 1:
         warnings.append(f"step {windows[0].step} is the first profiled step and may absorb one-off work")

@@ -59,10 +59,11 @@ def _step_events(t: RankTrace) -> tuple[int | None, list[tuple[int, int]]]:
     """(step thread, [(step number, event index)]) for ProfilerStep#N annotations on the CPU side."""
     found: list[tuple[int, int]] = []
     per_thread: Counter[int] = Counter()
+    step_of = [PROFILER_STEP.match(n) for n in t.names]
     for i in range(len(t)):
         if t.stream[i] >= 0:
             continue
-        m = PROFILER_STEP.match(t.name(i))
+        m = step_of[t.name_idx[i]]
         if m and t.cat(i) != "gpu_user_annotation":
             found.append((int(m.group(1)), i))
             per_thread[t.thread_idx[i]] += 1
@@ -74,32 +75,43 @@ def _step_events(t: RankTrace) -> tuple[int | None, list[tuple[int, int]]]:
 
 
 def build_timeline(t: RankTrace) -> Timeline:
-    has_gpu = any(t.stream[i] >= 0 and t.cat(i) in GPU_CLASSES for i in range(len(t)))
+    gpu_class = [c in GPU_CLASSES for c in t.cats]
+    has_gpu = any(s >= 0 and gpu_class[c] for s, c in zip(t.stream, t.cat_idx, strict=True))
     return _gpu_timeline(t) if has_gpu else _cpu_timeline(t)
 
 
 def _named_union(t: RankTrace, rx: re.Pattern[str], threads: set[int] | None = None) -> Union:
+    matches = [rx.match(n) is not None for n in t.names]
+    if not any(matches):
+        return []
     return union(
         (t.ts[i], t.ts[i] + t.dur[i])
         for i in range(len(t))
-        if t.stream[i] < 0 and (threads is None or t.thread_idx[i] in threads) and rx.match(t.name(i))
+        if t.stream[i] < 0 and (threads is None or t.thread_idx[i] in threads) and matches[t.name_idx[i]]
     )
 
 
 def _gpu_timeline(t: RankTrace) -> Timeline:
     classes: dict[int, EventClass] = {}
     parts: dict[EventClass, list[Interval]] = {c: [] for c in EventClass}
+    on_gpu_cat = [c in GPU_EVENT_CATS for c in t.cats]
+    ts, dur, stream, corr = t.ts, t.dur, t.stream, t.correlation
+    name_idx, cat_idx, size_args = t.name_idx, t.cat_idx, t.size_args
+    known: dict[tuple[int, int, bool], EventClass] = {}  # classify_gpu_event by (name, cat, has args)
     for i in range(len(t)):
-        if t.stream[i] < 0 or t.cat(i) not in GPU_EVENT_CATS:
+        if stream[i] < 0 or not on_gpu_cat[cat_idx[i]]:
             continue
-        args = t.size_args.get(i, {})
-        cls = classify_gpu_event(t.name(i), t.cat(i), "Collective name" in args)
+        args = size_args.get(i)
+        key = (name_idx[i], cat_idx[i], args is not None and "Collective name" in args)
+        cls = known.get(key)
+        if cls is None:
+            cls = known[key] = classify_gpu_event(t.names[key[0]], t.cats[key[1]], key[2])
         classes[i] = cls
-        parts[cls].append((t.ts[i], t.ts[i] + t.dur[i]))
+        parts[cls].append((ts[i], ts[i] + dur[i]))
     launch_ts: dict[int, float] = {}
     for i in range(len(t)):
-        if t.stream[i] < 0 and t.correlation[i] >= 0 and i not in classes:
-            launch_ts.setdefault(t.correlation[i], t.ts[i])
+        if stream[i] < 0 and corr[i] >= 0 and i not in classes:
+            launch_ts.setdefault(corr[i], ts[i])
     gpu = sorted(i for i, c in classes.items() if c is not EventClass.other)
     by_start = sorted(gpu, key=lambda i: t.ts[i])
     tl = Timeline(
