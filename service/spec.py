@@ -33,7 +33,10 @@ from service.names import JobName, Label
 
 Precision = Literal["fp32", "bf16", "fp16", "fp8"]
 Optimizer = Literal["adamw", "adam", "sgd", "adam8bit"]
-Checkpointing = Literal["none", "selective", "full"]
+#: none: keep every activation; selective: recompute the attention core (Korthikanti et al. 2022);
+#: op: PyTorch's op-level selective checkpointing with torchtitan's policy (keep matmul and attention
+#: outputs, every second matmul and all else recomputed); full: keep only each layer's input.
+Checkpointing = Literal["none", "selective", "op", "full"]
 Attention = Literal["flash", "eager"]
 Sharding = Literal["ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp"]
 PipelineSchedule = Literal["gpipe", "1f1b", "interleaved"]
@@ -194,7 +197,10 @@ class TrainingConfig(_Strict):
     global_batch: BatchSize = Field(description=_says("Sequences per optimizer step:", "training.global_batch"))
     precision: Precision = "bf16"
     optimizer: Optimizer = "adamw"
-    activation_checkpointing: Literal["auto", "none", "selective", "full"] = "auto"
+    activation_checkpointing: Literal["auto", "none", "selective", "op", "full"] = Field("auto", description=(
+        "auto: the planner chooses; none; selective: recompute the attention core (Korthikanti et al.);"
+        " op: op-level selective checkpointing, torchtitan's policy (keep matmul and attention outputs,"
+        " recompute every second matmul and the rest); full: recompute each layer from its input"))
     attention: Attention = "flash"
     steps: Steps = Field(100, description=_says("Optimizer steps:", "training.steps"))
 

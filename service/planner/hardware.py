@@ -9,6 +9,22 @@ calibration constant (docs/planner.md): A100's is set so that the planner reprod
 throughput of Narayanan et al.'s 1T-parameter run on 3072 A100s (502 PFLOP/s, 163 TFLOP/s per
 GPU) within 10%; the others are set relative to it from the same kind of public reports and
 are the first numbers to refine with measurements from the runtime.
+
+FP8 (per-tensor scaled matmuls in the linear layers, bf16 elsewhere) is not the fp8/bf16 peak ratio
+(2x): `fp8_gemm_speedup` is the large-GEMM limit of an FP8 GEMM's speed over the bf16 GEMM, and
+`fp8_gemm_gain` shrinks it for small GEMMs; the planner adds the dynamic-scaling work (amax, casts)
+on top (`service.planner.timing.linear_seconds`). Sources, docs/planner.md "FP8":
+
+- H100 (SXM, PCIe) and H200 (the same Hopper tensor cores): 1.77, set so that the model reproduces
+  the torchao.float8 README's H100 microbenchmarks of one linear's forward + backward (tensorwise
+  dynamic scaling, torch.compile): 0.80x at M, K, N = 1024, 2048, 1024 and 1.39x at 4096, 8192,
+  16384; the README's end-to-end Llama-3-8B run on 8 H100 (FSDP2, per-op SAC, seq 8192: 1.25x)
+  checks it.
+- MI300X: 1.42, set so that the model gives torchao's end-to-end Llama-3-8B figure on 8 MI300X
+  (tensorwise: 1.147x, same recipe as the H100 run).
+- B200, L40S: no per-tensor FP8 GEMM benchmark found; the Hopper value is assumed (torchao reports
+  1.28x end to end for MXFP8, a different recipe, on B200). Refine with measurements.
+- V100, A100: no FP8 tensor cores, so no `fp8` peak: `training.precision: fp8` is refused.
 """
 
 from __future__ import annotations
@@ -20,6 +36,10 @@ from service.spec import Precision, Resources
 
 GIB = 1024**3
 GB = 10**9
+#: GEMM rows (and the smaller of its other two sizes) at which fp8's gain over bf16 is half way up.
+FP8_GAIN_HALF = 1024
+#: Hopper's large-GEMM fp8 gain (1.77) over its fp8/bf16 peak ratio (2): for GPUs given inline.
+FP8_SHARE_OF_PEAK_RATIO = 0.885
 
 
 class GpuType(BaseModel):
@@ -43,9 +63,24 @@ class GpuType(BaseModel):
     latency_inter_s: float = 15e-6
     launch_overhead_s: float = 4e-6
     comm_library: str = "nccl"
+    fp8_gemm_speedup: float | None = None  # large-GEMM limit of fp8 over bf16; None: 0.885 x peak ratio
 
     def supports(self, precision: Precision) -> bool:
         return precision in self.peak_tflops
+
+    def fp8_gemm_gain(self, m: float, k: float, n: float) -> float:
+        """bf16 GEMM time over fp8 GEMM time for an (m x k) @ (k x n) product, the scaling work excluded.
+
+        1 + (G - 1) * m / (m + 1024) * w / (w + 1024) with w = min(k, n) and G = `fp8_gemm_speedup`
+        (for a GPU given inline without one, 0.885 of its fp8/bf16 peak ratio, Hopper's share):
+        large GEMMs approach G, small ones gain little, as the torchao.float8 README's table shows.
+        Only meaningful where `supports("fp8")`.
+        """
+        g = self.fp8_gemm_speedup
+        if g is None:
+            g = FP8_SHARE_OF_PEAK_RATIO * self.peak_tflops.get("fp8", 0.0) / self.peak_tflops.get("bf16", 1.0)
+        w = min(k, n)
+        return 1.0 + (max(g, 1.0) - 1.0) * m / (m + FP8_GAIN_HALF) * w / (w + FP8_GAIN_HALF)
 
 
 def _gpu(name: str, memory_gib: float, peaks: dict[Precision, float], **kw: float | str | bool) -> GpuType:
@@ -65,22 +100,22 @@ CATALOG: dict[str, GpuType] = {
              cpu_memory_gib=2048),
         _gpu("H100-SXM-80GB", 80, {"bf16": 989, "fp16": 989, "fp8": 1979, "fp32": 67}, hbm_gbps=3350,
              intra_node_gbps=450, inter_node_gbps=50, pcie_gbps=50, matmul_efficiency=0.62,
-             cpu_memory_gib=2048),
+             cpu_memory_gib=2048, fp8_gemm_speedup=1.77),
         _gpu("H100-PCIe-80GB", 80, {"bf16": 756, "fp16": 756, "fp8": 1513, "fp32": 51}, hbm_gbps=2000,
              intra_node_gbps=50, inter_node_gbps=25, pcie_gbps=50, matmul_efficiency=0.60,
-             cpu_memory_gib=1024),
+             cpu_memory_gib=1024, fp8_gemm_speedup=1.77),
         _gpu("H200-SXM-141GB", 141, {"bf16": 989, "fp16": 989, "fp8": 1979, "fp32": 67}, hbm_gbps=4800,
              intra_node_gbps=450, inter_node_gbps=50, pcie_gbps=50, matmul_efficiency=0.64,
-             cpu_memory_gib=2048),
+             cpu_memory_gib=2048, fp8_gemm_speedup=1.77),
         _gpu("B200-180GB", 180, {"bf16": 2250, "fp16": 2250, "fp8": 4500, "fp32": 80}, hbm_gbps=8000,
              intra_node_gbps=900, inter_node_gbps=50, pcie_gbps=50, matmul_efficiency=0.55,
-             cpu_memory_gib=4096),
+             cpu_memory_gib=4096, fp8_gemm_speedup=1.77),
         _gpu("L40S-48GB", 48, {"bf16": 362, "fp16": 362, "fp8": 733, "fp32": 91.6}, hbm_gbps=864,
              intra_node_gbps=25, inter_node_gbps=25, pcie_gbps=25, matmul_efficiency=0.60,
-             cpu_memory_gib=1024),
+             cpu_memory_gib=1024, fp8_gemm_speedup=1.77),
         _gpu("MI300X-192GB", 192, {"bf16": 1307, "fp16": 1307, "fp8": 2615, "fp32": 163.4}, hbm_gbps=5300,
              intra_node_gbps=448, inter_node_gbps=50, pcie_gbps=50, matmul_efficiency=0.50,
-             cpu_memory_gib=2048, comm_library="rccl"),
+             cpu_memory_gib=2048, comm_library="rccl", fp8_gemm_speedup=1.42),
         # Worker processes on CPU cores, talking gloo: for the embedded default, demos and tests.
         # `memory_gib` is the node's RAM, shared by its processes; peaks are per process, set from the
         # runtime's measured step time of examples/tiny-cpu.yaml on a 2-core VM (fp32 matmul).

@@ -14,7 +14,16 @@ from service.spec import Checkpointing, Offload, PipelineSchedule, Sharding
 
 SHARDING_RANK: dict[str, int] = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3, "hsdp": 4}
 OFFLOAD_RANK: dict[str, int] = {"none": 0, "optimizer": 1, "params": 2}
-CHECKPOINT_RANK: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
+CHECKPOINT_RANK: dict[str, int] = {"none": 0, "selective": 1, "op": 2, "full": 3}
+
+
+def searched_checkpointing(attention: str) -> list[Checkpointing]:
+    """The checkpointing modes the search tries, by growing recompute (the search stops at the
+    first that fits without more offload). Under flash attention nothing quadratic is stored, so
+    `selective` equals `none` and is not tried."""
+    if attention == "eager":
+        return ["none", "selective", "op", "full"]
+    return ["none", "op", "full"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 
 from service.planner.hardware import GIB, Cluster
+from service.planner.layer_matmuls import op_saved_elements_per_token
 from service.planner.layout import Layout
 from service.planner.models import ModelShape
 from service.spec import Optimizer, Precision
@@ -135,14 +136,27 @@ def layer_activation_bytes(shape: ModelShape, *, micro_batch: int, seq_local: in
       output (e) -> 5 a s / h; flash attention stores only the fp32 log-sum-exp (4 a s b).
 
     `selective` recomputes the attention core (drops the s^2 terms). `full` keeps only the layer
-    input (split by SP); `memory` adds the one layer rebuilt during backward.
+    input (split by SP); `memory` adds the one layer rebuilt during backward. `op` (torchtitan's
+    op-level policy, `layer_matmuls`) keeps the layer input, the saved matmul outputs
+    (`op_saved_elements_per_token`: q, v, w1 and w2 of a Llama layer, e(2h + kv + f) sb without TP)
+    and attention's outputs: its output (e sbh/t) and, under flash attention, the log-sum-exp
+    (4 a s b/t), under eager attention the scores (e a s^2 b/t) instead; dropout masks are recomputed.
     """
     e = activation_element_bytes(precision)
     d = 1 if shape.dropout > 0 else 0
     t = tp
     sbh = micro_batch * seq_local * shape.hidden
+    layer_input = e * sbh / (t if sequence_parallel else 1)
     if checkpointing == "full":
-        return e * sbh / (t if sequence_parallel else 1)
+        return layer_input
+    if checkpointing == "op":
+        sb = micro_batch * seq_local
+        matmuls = e * sb * op_saved_elements_per_token(shape, tp=t, sequence_parallel=sequence_parallel)
+        if attention == "eager":
+            attn = e * shape.heads * seq_local * seq_local * micro_batch / t
+        else:
+            attn = 4.0 * shape.heads * seq_local * micro_batch / t
+        return layer_input + matmuls + e * sbh / t + attn
     r = shape.kv_heads / shape.heads
     f_over_h = shape.ffn_hidden / shape.hidden
     replicated = (4 * e + 2 * d) * sbh
@@ -272,8 +286,9 @@ def activation_memory(shape: ModelShape, layout: Layout, *, precision: Precision
     embed_extra = 8 * b * seq_local + (b * seq_local * shape.hidden / sp_div if shape.dropout > 0 else 0)
     first = held * (layers * per_layer + embed_extra)
     last = layers * per_layer * (1.0 if layout.pp > 1 else held)
-    if layout.activation_checkpointing == "full":
-        rebuilt = layer_bytes("none")
+    if layout.activation_checkpointing in ("full", "op"):
+        # Backward rebuilds one layer at a time: what the mode dropped of it.
+        rebuilt = max(0.0, layer_bytes("none") - (per_layer if layout.activation_checkpointing == "op" else 0.0))
         first += rebuilt
         last += rebuilt
     logits = logits_bytes(shape, micro_batch=b, seq_local=seq_local, tp=layout.tp, precision=precision)

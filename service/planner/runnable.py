@@ -11,7 +11,8 @@ Two kinds of problem:
   scaling under a pipeline; sequence parallelism without tp; offload of parameters without full
   sharding...). The search never builds them and a pin asking for one is refused with the fix.
 - **runtime gaps** (`runtime_gaps`): layouts the planner models and costs, but this runtime does not
-  implement yet (context parallelism, CPU offload, fp8). The search ranks every layout without a gap
+  implement yet (context parallelism, CPU offload, fp8: the planner models per-tensor scaled fp8
+  matmuls, the runtime has no float8 linear layers). The search ranks every layout without a gap
   above every layout with one, so a gap is chosen only when nothing the runtime runs fits; the plan
   then says so in a warning, and the runtime refuses it naming the field.
 
@@ -146,7 +147,10 @@ def runtime_gaps(layout: Layout, *, precision: str) -> list[LayoutProblem]:
         out.append(LayoutProblem("offload", f"offload={layout.offload} is not implemented by the runtime yet",
                                  gap=True))
     if precision == "fp8":
-        out.append(LayoutProblem("precision", "fp8 training is not implemented (training.precision: fp8)", gap=True))
+        out.append(LayoutProblem("precision", "training.precision fp8 is planner-only: the runtime has no float8"
+                                 " linear layers (torchao.float8 is not part of it), so the plan's fp8 step time"
+                                 " is an estimate nobody can run here; use training.precision: bf16 to run the job",
+                                 gap=True))
     return out
 
 

@@ -10,6 +10,16 @@ model charges the same causal half for flash attention, whose kernels skip the m
 eager attention computes the whole masked square, so its kernel time is twice the attention FLOPs
 it is credited with (eager runs show a lower MFU, which is the truth).
 
+Activation checkpointing: `full` replays each layer's forward; `selective` (eager attention only)
+the attention core; `op` (torchtitan's op-level policy, `layer_matmuls`) the matmuls it did not save
+(the 2nd, 4th, ... of each layer: `op_recomputed_share` of the layer's matmul time) and every
+memory-bound op of the layer (timed by bytes, like the forward), but not attention.
+
+FP8 (`training.precision: fp8`): the linear layers' GEMMs run at the bf16 rate times the GPU's
+`fp8_gemm_gain` for their size, plus per-tensor dynamic scaling (`FP8_SCALING_BYTES` per element of
+input, weight and output gradient at HBM bandwidth); attention and the output layer stay bf16
+(torchtitan's float8 converter leaves `output` alone). `linear_seconds` is one linear on its own.
+
 Communication uses a latency + bandwidth model per collective (ring volumes, tree latency) on the
 fabric the group crosses: NVLink when the group's ranks sit in one node, the network otherwise.
 Ranks are ordered pp, dp, cp, tp (tp innermost), so a group's span is its size times its stride.
@@ -20,7 +30,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from service.planner.hardware import Cluster
+from service.planner.hardware import Cluster, GpuType
+from service.planner.layer_matmuls import layer_matmuls, op_recomputed_share
 from service.planner.layout import Layout
 from service.planner.memory import (
     StageParams,
@@ -47,6 +58,12 @@ DDP_BUCKET_BYTES = 25 * 2**20
 KERNELS_PER_LAYER = 25
 CPU_OPTIMIZER_GBPS_PER_NODE = 200.0
 OPTIMIZER_STEP_BYTES: dict[str, int] = {"adamw": 28, "adam": 28, "sgd": 20, "adam8bit": 16}
+#: Dynamic per-tensor fp8 scaling, per element of each scaled tensor: the amax pass reads bf16 (2),
+#: the cast reads it again (2) and writes the fp8 copy and its transpose for backward (1 + 1).
+FP8_SCALING_BYTES = 6
+#: Extra TP collectives per layer that `op` checkpointing replays in backward: the all-reduce after
+#: the recomputed o projection (without SP), or the two all-gathers before recomputed k and w3 (SP).
+OP_RECOMPUTE_TP_COLLECTIVES = 1
 
 
 def model_flops_per_step(shape: ModelShape, global_batch: int) -> float:
@@ -65,6 +82,8 @@ def recompute_flops_per_step(shape: ModelShape, global_batch: int, checkpointing
         return 2 * shape.layers * shape.layer_matmul_params * tokens + core
     if checkpointing == "selective" and attention == "eager":
         return core
+    if checkpointing == "op":
+        return 2 * shape.layers * shape.layer_matmul_params * op_recomputed_share(shape) * tokens
     return 0.0
 
 
@@ -116,7 +135,45 @@ class StepTime:
 
 def _efficiency(cluster: Cluster, tokens: int, width: float) -> float:
     """Fraction of peak a GEMM of `tokens` rows and `width` columns reaches: small GEMMs lose."""
-    return cluster.gpu.matmul_efficiency * tokens / (tokens + 256) * width / (width + 128)
+    return gemm_efficiency(cluster.gpu, tokens, width)
+
+
+def gemm_efficiency(gpu: GpuType, tokens: float, width: float) -> float:
+    """Fraction of peak a GEMM of `tokens` rows and `width` columns reaches: small GEMMs lose."""
+    return gpu.matmul_efficiency * tokens / (tokens + 256) * width / (width + 128)
+
+
+def linear_seconds(gpu: GpuType, m: float, k: float, n: float, precision: Precision) -> float:
+    """Forward + backward seconds of one linear layer on its own: three GEMMs of 2mkn FLOPs
+    (output, input gradient, weight gradient), each one kernel launch.
+
+    fp8: the GEMMs run at the bf16 rate times `gpu.fp8_gemm_gain(m, k, n)`, and the input (m x k),
+    the weight (k x n) and the output gradient (m x n) are each scaled and cast by one kernel that
+    moves `FP8_SCALING_BYTES` per element. Other precisions: the GEMMs at their own peak.
+    """
+    dense = "bf16" if precision == "fp8" else precision
+    rate = gpu.peak_tflops[dense] * 1e12 * gemm_efficiency(gpu, m, min(k, n))
+    gemms = 6 * m * k * n / rate
+    launches = 3
+    if precision != "fp8":
+        return gemms + launches * gpu.launch_overhead_s
+    scaling = FP8_SCALING_BYTES * (m * k + k * n + m * n) / (gpu.hbm_gbps * 1e9)
+    return gemms / gpu.fp8_gemm_gain(m, k, n) + scaling + (launches + 3) * gpu.launch_overhead_s
+
+
+def _fp8_layer_matmul_seconds(shape: ModelShape, gpu: GpuType, *, tokens: int, tp: int, rate: float) -> float:
+    """Forward seconds of one layer's linear layers in fp8 (bf16 `rate` FLOP/s x the GEMM's gain),
+    plus a third of their fwd+bwd scaling work (the step charges backward at twice the forward)."""
+    mms = layer_matmuls(shape)
+    scale = shape.layer_matmul_params / sum(m.params for m in mms)  # the spec's `params` may rescale
+    gemm = scaled = 0.0
+    for mm in mms:
+        k = mm.k / tp if mm.row_parallel else float(mm.k)
+        n = float(mm.n) if mm.row_parallel else mm.n / tp
+        gemm += 2 * tokens * k * n * scale / (rate * gpu.fp8_gemm_gain(tokens, k, n))
+        scaled += tokens * k + k * n * scale + tokens * n
+    scaling = FP8_SCALING_BYTES * scaled / (gpu.hbm_gbps * 1e9) + 3 * len(mms) * gpu.launch_overhead_s
+    return gemm + scaling / 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +184,7 @@ class ForwardTimes:
     attn_f: float
     head_f: float
     layers: int
+    op_recompute_f: float = 0.0  # what `op` checkpointing replays of one layer
 
 
 def forward_times(shape: ModelShape, cluster: Cluster, layout: Layout, *, precision: Precision,
@@ -139,25 +197,30 @@ def forward_times(shape: ModelShape, cluster: Cluster, layout: Layout, *, precis
     tokens = b * s_loc
     e = activation_element_bytes(precision)
     hbm = gpu.hbm_gbps * 1e9
-    peak = gpu.peak_tflops[precision] * 1e12
-    attn_peak = gpu.peak_tflops.get("bf16" if precision == "fp8" else precision, peak / 1e12) * 1e12
+    # fp8 runs only the linear layers' GEMMs in fp8: attention and the output layer stay bf16.
+    dense = gpu.peak_tflops["bf16" if precision == "fp8" else precision] * 1e12
     eff = _efficiency(cluster, tokens, shape.hidden / t)
     causal = ATTENTION_KERNEL_SHARE[attention]
-    mm_f = 2 * tokens * shape.layer_matmul_params / t / (peak * eff)
-    attn_f = causal * 4 * b * s_loc * shape.seq_len * shape.hidden / t / (attn_peak * eff)
+    if precision == "fp8":
+        mm_f = _fp8_layer_matmul_seconds(shape, gpu, tokens=tokens, tp=t, rate=dense * eff)
+    else:
+        mm_f = 2 * tokens * shape.layer_matmul_params / t / (dense * eff)
+    attn_f = causal * 4 * b * s_loc * shape.seq_len * shape.hidden / t / (dense * eff)
     act_bytes = layer_activation_bytes(
         shape, micro_batch=b, seq_local=s_loc, tp=t, sequence_parallel=layout.sequence_parallel,
         checkpointing="none", attention=attention, precision=precision)
-    layer_f = mm_f + attn_f + act_bytes / hbm + KERNELS_PER_LAYER * gpu.launch_overhead_s
+    memory_bound = act_bytes / hbm + KERNELS_PER_LAYER * gpu.launch_overhead_s
+    layer_f = mm_f + attn_f + memory_bound
+    op_recompute_f = op_recomputed_share(shape) * mm_f + memory_bound
     if cp > 1:
         # Ring attention runs one attention kernel per ring step and merges the partial outputs
         # (fp32 output and log-sum-exp) after each.
         merge = (cp - 1) * 2 * tokens * shape.hidden / t * 4 / hbm
         layer_f += merge + (cp - 1) * 4 * gpu.launch_overhead_s
         attn_f += merge
-    head_f = 2 * tokens * shape.vocab * shape.hidden / t / (peak * eff) + (e + 8) * tokens * shape.vocab / t / hbm
+    head_f = 2 * tokens * shape.vocab * shape.hidden / t / (dense * eff) + (e + 8) * tokens * shape.vocab / t / hbm
     return ForwardTimes(layer_f=layer_f, attn_f=attn_f, head_f=head_f,
-                        layers=layers_per_stage(shape, layout.pp))
+                        layers=layers_per_stage(shape, layout.pp), op_recompute_f=op_recompute_f)
 
 
 def step_time(shape: ModelShape, cluster: Cluster, layout: Layout, *, precision: Precision,
@@ -186,14 +249,17 @@ def step_time(shape: ModelShape, cluster: Cluster, layout: Layout, *, precision:
         t_r = layers * layer_f
     elif ckpt == "selective" and attention == "eager":
         t_r = layers * attn_f
+    elif ckpt == "op":
+        t_r = layers * forward.op_recompute_f
     else:
         t_r = 0.0
     fabric = Fabric(cluster)
 
     # Tensor parallel: 2 all-reduces (or all-gather + reduce-scatter with SP) forward, 2 backward,
-    # 2 more when full recompute replays the forward; on the critical path.
+    # 2 more when full recompute replays the forward, 1 for `op`; on the critical path.
     tp_msg = tokens * shape.hidden * e
-    tp_colls = layers * (4 + (2 if ckpt == "full" else 0))
+    replayed = {"full": 2, "op": OP_RECOMPUTE_TP_COLLECTIVES}.get(ckpt, 0)
+    tp_colls = layers * (4 + replayed)
     tp_time = tp_colls * fabric.all_reduce(tp_msg, t, t)
     tp_bytes = tp_colls * 2 * (t - 1) / t * tp_msg if t > 1 else 0.0
 

@@ -17,6 +17,8 @@ Contract:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -128,6 +130,7 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.hidden, NORM_EPS)
         self.feed_forward = FeedForward(cfg)
         self.checkpoint_block = False
+        self.checkpoint_context: Callable[[], tuple[Any, Any]] | None = None  # e.g. op-level selective
 
     def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), cos, sin)
@@ -136,7 +139,11 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if self.checkpoint_block and torch.is_grad_enabled():
-            out: torch.Tensor = checkpoint(self._forward, x, cos, sin, use_reentrant=False)
+            if self.checkpoint_context is not None:
+                out: torch.Tensor = checkpoint(self._forward, x, cos, sin, use_reentrant=False,
+                                               context_fn=self.checkpoint_context)
+            else:
+                out = checkpoint(self._forward, x, cos, sin, use_reentrant=False)
             return out
         return self._forward(x, cos, sin)
 

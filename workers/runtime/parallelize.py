@@ -13,7 +13,8 @@ uses it too. What each layout field becomes:
 - pp, pipeline_schedule, virtual_stages: `torch.distributed.pipelining`, layers split evenly over the
   stages (`stage_layers`), GPipe, 1F1B or interleaved 1F1B, `grad_accum_steps` micro-batches.
 - activation_checkpointing: `selective` checkpoints the attention core of each block, `full` each
-  block (non-reentrant `torch.utils.checkpoint`).
+  block, `op` each block with op-level selective checkpointing (`op_checkpointing`: torchtitan's
+  policy), all with non-reentrant `torch.utils.checkpoint`.
 - precision: fp32 nothing; bf16 FSDP2 `MixedPrecisionPolicy` (params bf16, reduce per
   `plan.precision.reduce`) where FSDP2 wrapped the model, else autocast; fp16 the same plus a
   gradient scaler (`ShardedGradScaler` under FSDP2, else `torch.amp.GradScaler`). Parameters,
@@ -61,6 +62,7 @@ from service.planner.runnable import runtime_problems
 from workers.runtime.errors import UnsupportedLayout
 from workers.runtime.mesh import Mesh
 from workers.runtime.model import Block, Decoder, keep_stage
+from workers.runtime.op_checkpointing import op_checkpoint_context
 
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -251,11 +253,13 @@ def apply_tp(model: Decoder, mesh: Mesh, sp: bool) -> None:
 
 
 def apply_checkpointing(model: nn.Module, mode: str) -> None:
-    """selective: checkpoint the attention core of every block; full: every block."""
+    """selective: checkpoint the attention core of every block; full: every block; op: every block
+    with torchtitan's op-level policy (`op_checkpointing`: matmul and attention outputs kept)."""
     for module in model.modules():
         if isinstance(module, Block):
-            if mode == "full":
+            if mode in ("full", "op"):
                 module.checkpoint_block = True
+                module.checkpoint_context = op_checkpoint_context if mode == "op" else None
             elif mode == "selective":
                 module.attention.checkpoint_core = True
 
