@@ -3,6 +3,8 @@
 Reads go through the API's own functions: `visible_job` + `job_out` (what `GET /v1/jobs/{id}`
 answers, the spec's secrets redacted), `list_events`, `explain_job` (why it is pending),
 `follow_logs` (per-rank logs, live). A job the session may not see is a 404 page in the API's words.
+"Why pending" refreshes itself every `PENDING_REFRESH_S` seconds from `/ui/jobs/{id}/pending` while
+the job waits (its position and reasons change as the queue moves), and stops once it no longer waits.
 
 Actions are POSTs with the page's CSRF token, answered with a redirect back to the page:
 
@@ -24,7 +26,7 @@ from fastapi import APIRouter, Form, Path, Query, Request
 from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from service.api.deps import Db
 from service.api.errors import ApiError
@@ -52,6 +54,8 @@ router = APIRouter(tags=["ui"], include_in_schema=False)
 JobId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 MAX_HEARTBEATS = 2000
 WAITING = {JobStatus.QUEUED, JobStatus.SUBMITTING, JobStatus.PENDING}
+#: How often the page's "why pending" refreshes itself while the job waits (the queue moves under it).
+PENDING_REFRESH_S = 10
 
 #: Predicted vs measured rows: label, the report's predicted key, measured key, ratio key, unit.
 COMPARED = [("Parameters", "params", "params", "params", "bytes"),
@@ -133,12 +137,12 @@ def profile_of(job: JobOut) -> ProfileSummary | None:
         return None
 
 
-def explain(request: Request, db: Db, principal: Principal, job: JobOut) -> Explanation | None:
+def explain(request: Request, db: Db, principal: Principal, job_id: int, status: JobStatus) -> Explanation | None:
     """Why the job waits (`GET /v1/jobs/{id}/explain`), for a job that waits; None otherwise."""
-    if job.status not in WAITING:
+    if status not in WAITING:
         return None
     try:
-        answer = explain_job(job.id, principal, db, request)
+        answer = explain_job(job_id, principal, db, request)
     except ApiError:
         return None
     return Explanation.model_validate_json(bytes(answer.body))
@@ -176,8 +180,21 @@ def job_page(job_id: JobId, request: Request, session: Signed, db: Db, rank: Ran
         context = sections(tx, session.principal, job_id)
     job: JobOut = context["job"]
     return page(request, session, "job.html", title=f"Job {job.id}: {job.name}",
-                pending=explain(request, db, session.principal, job), is_admin=session.is_admin,
-                rank=_rank(rank), ranks=range(job.plan.layout.world_size), **context)
+                pending=explain(request, db, session.principal, job.id, job.status),
+                pending_refresh_s=PENDING_REFRESH_S, is_admin=session.is_admin, rank=_rank(rank),
+                ranks=range(job.plan.layout.world_size), **context)
+
+
+@router.get("/ui/jobs/{job_id}/pending")
+def job_pending(job_id: JobId, request: Request, session: Signed, db: Db) -> Response:
+    """The "why pending" section as it is now (position, reasons, ETA), for the page to poll; a
+    placeholder that polls no more once the job no longer waits. Another team's job: the 404 page."""
+    with db.begin() as tx:
+        job = visible_job(tx, session.principal, job_id)
+        status = job.status
+    pending = explain(request, db, session.principal, job_id, status)
+    return HTMLResponse(fragment_text("_job_pending.html", job={"id": job_id}, pending=pending,
+                                      pending_refresh_s=PENDING_REFRESH_S))
 
 
 def _render(name: str, session: UiSession, context: dict[str, Any]) -> str:
