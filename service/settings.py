@@ -64,6 +64,9 @@ class Settings(BaseSettings):
     planner_budget_s: float = Field(
         10.0, gt=0, le=600, description="Time budget of one layout search; a search that runs past it"
         " stops and the request gets a 422 plan_too_costly.")
+    calibration_min_runs: int = Field(
+        5, ge=1, le=10_000, description="Measured runs of one GPU kind and layout family before its calibration"
+        " factors are used by plans (docs/planner.md, \"Calibration\"); below it the model's figures stand.")
     planner_wait_s: float = Field(
         0.5, ge=0, le=60, description="How long a request waits for a free planning thread before the"
         " 503 (with Retry-After).")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -24,6 +24,7 @@ from service.api.errors import INVALID_SPEC, ApiError
 from service.api.schemas import ErrorField, JobOut
 from service.api.views import job_out, redacted_spec
 from service.planner import Deadline, Plan, SearchBudgetExceeded, plan
+from service.planner.calibration import Calibration
 from service.scheduling.model import TeamQuota
 from service.settings import Settings
 from service.spec import TrainingSpec
@@ -64,6 +65,9 @@ class PlanRunner:
         self._lock = threading.Lock()  # guards the cache and the running searches
         self._running: dict[str, Future[Plan]] = {}
         self._cache: OrderedDict[str, Plan] = OrderedDict()  # the last PLAN_CACHE plans by canonical spec JSON
+        # Calibration from measurements (issue 16): what plans apply now and its version (the app sets
+        # a `service.store.calibration.CalibrationSource`); None: plans are the model's alone.
+        self.calibration: Callable[[], tuple[Calibration, str]] | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> PlanRunner:
@@ -75,12 +79,12 @@ class PlanRunner:
         """Seconds by which a busy thread is free again: every search stops at its budget."""
         return max(1, math.ceil(self.budget_s))
 
-    def plan(self, key: str, spec: TrainingSpec) -> Plan:
+    def plan(self, key: str, spec: TrainingSpec, calibration: Calibration | None = None) -> Plan:
         """The plan of `spec` (`key` is its canonical JSON): from the cache, from a search of the
         same key already running, or from a new search. Raises what `plan` raises (`InvalidSpec`),
         or `ApiError` 422 `plan_too_costly` past the budget and 503 `planner_busy` when no thread
         comes free in time."""
-        found = self._find_or_start(key, spec)
+        found = self._find_or_start(key, spec, calibration)
         if isinstance(found, Plan):
             return found
         try:
@@ -90,7 +94,7 @@ class PlanRunner:
         except TimeoutError:
             raise self._too_costly(spec, None) from None
 
-    def _find_or_start(self, key: str, spec: TrainingSpec) -> Plan | Future[Plan]:
+    def _find_or_start(self, key: str, spec: TrainingSpec, calibration: Calibration | None) -> Plan | Future[Plan]:
         waited = False
         while True:
             with self._lock:
@@ -102,7 +106,7 @@ class PlanRunner:
                 if running is not None:
                     return running
                 if self._slots.acquire(blocking=False):
-                    future = self._pool.submit(self._search, key, spec)
+                    future = self._pool.submit(self._search, key, spec, calibration)
                     self._running[key] = future
                     return future
             # Every thread is busy: wait (once, up to wait_s) for one to come free, then look again.
@@ -114,9 +118,9 @@ class PlanRunner:
             self._slots.release()
             waited = True
 
-    def _search(self, key: str, spec: TrainingSpec) -> Plan:
+    def _search(self, key: str, spec: TrainingSpec, calibration: Calibration | None) -> Plan:
         try:
-            result = plan(spec, deadline=Deadline.after(self.budget_s))
+            result = plan(spec, deadline=Deadline.after(self.budget_s), calibration=calibration)
             with self._lock:
                 self._cache[key] = result
                 while len(self._cache) > PLAN_CACHE:
@@ -152,7 +156,8 @@ def cached_plan(spec: TrainingSpec, planner: PlanRunner) -> Plan:
     """`plan(spec)` on `planner`'s threads and under its budget, remembered for the last few hundred
     distinct `plan_key`s (planning is pure; teams resubmit the same run under new names). Callers
     must not mutate the result."""
-    result = planner.plan(plan_key(spec), spec)
+    calibration, version = planner.calibration() if planner.calibration is not None else (None, "")
+    result = planner.plan(plan_key(spec, calibration_version=version), spec, calibration)
     return result.model_copy(update={"name": spec.name})
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from service.api.schemas import AttemptOut, EventOut, JobOut, JobSummary, MeasurementOut, TeamOut, TokenOut
+from service.jobenv import MeasurementKind
 from service.redaction import REDACTED
 from service.spec import TrainingSpec
+from service.store.calibration import job_prediction_error
 from service.store.jobs import latest_measurements
 from service.store.models import ApiToken, Event, Job, Team
 
@@ -33,14 +35,16 @@ def job_summary(job: Job) -> JobSummary:
 
 def job_out(session: Session, job: Job) -> JobOut:
     summary = job_summary(job)
+    measured = latest_measurements(session, job)
+    report = measured.get(MeasurementKind.REPORT)
     return JobOut(
         **summary.model_dump(), spec=redacted_spec(job.spec), plan=job.plan,
         attempts=[AttemptOut(number=a.number, backend_name=a.backend_name, backend_id=a.backend_id, nodes=a.nodes,
                              status=a.status, exit_code=a.exit_code, exit_reason=a.exit_reason,
                              created_at=a.created_at, finished_at=a.finished_at, failure=a.failure,
                              log_tail=a.log_tail) for a in job.attempts],
-        measurements={kind: MeasurementOut(kind=m.kind, at=m.at, data=m.data)
-                      for kind, m in latest_measurements(session, job).items()},
+        measurements={kind: MeasurementOut(kind=m.kind, at=m.at, data=m.data) for kind, m in measured.items()},
+        prediction_error=job_prediction_error(job.plan, report.data if report is not None else None),
     )
 
 

@@ -437,6 +437,10 @@ def show(job_id: int, as_json: JsonOpt = False,
     measurements = job["measurements"]
     if "report" in measurements:
         console.print(measured_table(measurements["report"]["data"]))
+    if job.get("prediction_error"):
+        from service.cli.calibrate import prediction_error_line
+
+        console.out(prediction_error_line(job["prediction_error"]), highlight=False)
     if "profile" in measurements:
         diagnosis = measurements["profile"]["data"].get("diagnosis") or {}
         console.out(f"Profile verdict: {diagnosis.get('bound', '?')} ({diagnosis.get('confidence', '?')} confidence)")

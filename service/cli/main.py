@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
+from service.cli import calibrate as calibrate_cli
 from service.cli import control, notify
 from service.cli import logs as logs_cli
 from service.cli.profile import profile_app
@@ -72,6 +73,7 @@ for command in (control.serve, control.worker, control.submit, control.jobs, con
                 control.cancel):
     app.command()(command)
 app.command("logs")(logs_cli.logs)
+app.command("calibrate")(calibrate_cli.calibrate)
 app.command("artifacts")(logs_cli.artifacts)
 console = Console()
 

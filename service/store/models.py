@@ -287,3 +287,6 @@ class TeamQuotaRow(Base):
 
 # The dispatcher's queue view (explain as a lookup) lives in its own module, loaded with the models.
 from service.store import queue_models as queue_models  # noqa: E402
+
+# Calibration samples and their cursor (issue 16) live in their own module, loaded with the models.
+from service.store import calibration_models as calibration_models  # noqa: E402

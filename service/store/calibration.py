@@ -1,0 +1,174 @@
+"""Calibration in the store: samples read incrementally from finished runs' reports, and the fit.
+
+Each succeeded run's `report` measurement becomes one `CalibrationSample` (the model's own
+prediction and what was measured, `service.planner.calibration.sample_of`). `refresh` reads only
+the reports added since its cursor, so its cost follows what is new, not how many jobs the store
+holds; `current` fits from at most `window` newest samples per GPU kind and family, and keeps the
+fit in memory until a new sample arrives. A report committed with a smaller id after the cursor
+passed it (two writers racing on PostgreSQL) is not read: one sample fewer, never a wrong one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.jobenv import MeasurementKind
+from service.planner.calibration import (
+    DEFAULT_MIN_RUNS,
+    DEFAULT_WINDOW,
+    Calibration,
+    PredictionError,
+    ReportedRun,
+    Sample,
+    fit,
+    prediction_error,
+    sample_of,
+)
+from service.planner.result import Plan
+from service.store.calibration_models import CalibrationCursor, CalibrationSample
+from service.store.models import Job, Measurement
+
+BATCH = 1000
+_CURSOR_ID = 1
+
+
+def _cursor(session: Session, *, lock: bool) -> CalibrationCursor:
+    stmt = select(CalibrationCursor).where(CalibrationCursor.id == _CURSOR_ID)
+    if lock:  # read again under the lock: another writer may have moved it since
+        stmt = stmt.with_for_update().execution_options(populate_existing=True)
+    row = session.scalars(stmt).first()
+    if row is None:
+        insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+        session.execute(insert(CalibrationCursor).values(id=_CURSOR_ID, scanned_through=0)
+                        .on_conflict_do_nothing(index_elements=["id"]))
+        row = session.scalars(stmt).one()
+    return row
+
+
+def refresh(session: Session) -> int:
+    """Read the reports added since the last refresh into samples; returns how many samples were
+    added. Writes (and locks the cursor row) only when there is a new report."""
+    cursor = _cursor(session, lock=False)
+    newer = select(func.min(Measurement.id)).where(
+        Measurement.id > cursor.scanned_through, Measurement.kind == MeasurementKind.REPORT)
+    if session.scalar(newer) is None:
+        return 0
+    cursor = _cursor(session, lock=True)
+    insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    added = 0
+    while True:
+        rows = session.execute(
+            select(Measurement.id, Measurement.job_id, Measurement.data, Job.gpu, Job.plan)
+            .join(Job, Job.id == Measurement.job_id)
+            .where(Measurement.id > cursor.scanned_through, Measurement.kind == MeasurementKind.REPORT)
+            .order_by(Measurement.id).limit(BATCH)).all()
+        if not rows:
+            break
+        values: list[dict[str, Any]] = []
+        for mid, job_id, data, gpu, plan in rows:
+            sample = _sample(data, gpu, plan)
+            if sample is not None:
+                values.append({"measurement_id": mid, "job_id": job_id, **sample.model_dump(exclude={"gpu"}),
+                               "gpu": sample.gpu})
+        if values:
+            session.execute(insert(CalibrationSample).values(values)
+                            .on_conflict_do_nothing(index_elements=["measurement_id"]))
+            added += len(values)
+        cursor.scanned_through = rows[-1][0]
+        session.flush()
+        if len(rows) < BATCH:
+            break
+    return added
+
+
+def _sample(data: Mapping[str, Any], gpu: str, plan: Plan) -> Sample | None:
+    report = ReportedRun.parse(data)
+    if report is None:
+        return None
+    use = plan.calibration
+    return sample_of(report, gpu, step_factor=use.step_factor if use is not None else 1.0)
+
+
+def samples(session: Session, *, window: int = DEFAULT_WINDOW) -> list[Sample]:
+    """The newest `window` samples of each GPU kind and family, oldest first within each."""
+    order = func.row_number().over(partition_by=(CalibrationSample.gpu, CalibrationSample.family),
+                                   order_by=CalibrationSample.measurement_id.desc()).label("n")
+    inner = select(CalibrationSample, order).subquery()
+    rows = session.execute(select(inner).where(inner.c.n <= window)
+                           .order_by(inner.c.gpu, inner.c.family, inner.c.measurement_id)).mappings()
+    return [Sample(gpu=r["gpu"], family=r["family"], predicted_step_s=r["predicted_step_s"],
+                   measured_step_s=r["measured_step_s"], predicted_peak_bytes=r["predicted_peak_bytes"],
+                   measured_peak_bytes=r["measured_peak_bytes"]) for r in rows]
+
+
+_fits: dict[tuple[str, int, int], tuple[tuple[int, int], Calibration]] = {}
+_fits_lock = threading.Lock()
+
+
+def current(session: Session, *, min_runs: int = DEFAULT_MIN_RUNS, window: int = DEFAULT_WINDOW) -> Calibration:
+    """The calibration of everything measured so far (refreshing first). The fit is remembered per
+    database and reused until a sample is added."""
+    refresh(session)
+    newest = session.execute(select(func.max(CalibrationSample.measurement_id), func.count())
+                             .select_from(CalibrationSample)).one()
+    version = (int(newest[0] or 0), int(newest[1]))
+    key = (str(session.get_bind().engine.url), min_runs, window)
+    with _fits_lock:
+        held = _fits.get(key)
+    if held is not None and held[0] == version:
+        return held[1]
+    calibration = fit(samples(session, window=window), min_runs=min_runs, window=window)
+    with _fits_lock:
+        _fits[key] = (version, calibration)
+    return calibration
+
+
+def version(calibration: Calibration) -> str:
+    """A short digest of the factors: plans made under equal calibrations may be shared."""
+    return hashlib.sha256(calibration.model_dump_json().encode()).hexdigest()[:16]
+
+
+class CalibrationSource:
+    """What planning applies now: `current` and its `version`, read from the store at most once per
+    `ttl_s` (planning many specs in a burst costs no query each; a new run counts within `ttl_s`)."""
+
+    def __init__(self, sessions: sessionmaker[Session], *, min_runs: int = DEFAULT_MIN_RUNS,
+                 ttl_s: float = 2.0) -> None:
+        self.sessions, self.min_runs, self.ttl_s = sessions, min_runs, ttl_s
+        self._lock = threading.Lock()
+        self._held: tuple[float, Calibration, str] | None = None
+
+    def __call__(self) -> tuple[Calibration, str]:
+        now = time.monotonic()
+        with self._lock:
+            held = self._held
+        if held is not None and now - held[0] < self.ttl_s:
+            return held[1], held[2]
+        with self.sessions.begin() as session:
+            cal = current(session, min_runs=self.min_runs)
+        pair = (cal, held[2] if held is not None and held[1] is cal else version(cal))
+        with self._lock:
+            self._held = (now, *pair)
+        return pair
+
+
+def job_prediction_error(plan: Plan, report: Mapping[str, Any] | None) -> PredictionError | None:
+    """A job's plan against its newest report (None: no report, or one without a prediction)."""
+    run = ReportedRun.parse(report) if report is not None else None
+    if run is None:
+        return None
+    use = plan.calibration
+    return prediction_error(run, calibrated=use is not None and use.used,
+                            memory_factor=use.memory_factor if use is not None else 1.0)
+
+
+__all__ = ["CalibrationSource", "current", "job_prediction_error", "refresh", "samples", "version"]

@@ -1,0 +1,158 @@
+"""Calibration from measurements through the store and the API, on SQLite and PostgreSQL: reports
+become samples once each, `GET /v1/calibration` and `shardctl calibrate` show the factors, later
+submissions use them from the minimum on, and each job shows its own prediction error."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from service.planner.calibration import family
+from service.planner.result import Plan
+from service.store import calibration as store_calibration
+from tests.db_fixtures import Env
+from tests.specs import tiny
+
+
+def submit(env: Env, admin: dict[str, str], name: str) -> tuple[int, Plan]:
+    r = env.client.post("/v1/jobs", json=tiny(name=name), headers=admin)
+    assert r.status_code == 201, r.text
+    body = r.json()
+    return body["id"], Plan.model_validate(body["plan"])
+
+
+def report(plan: Plan, *, step: float, memory: float, status: str = "succeeded") -> dict[str, Any]:
+    """A runtime report (workers/runtime/report.py) measuring `step` x the plan's step time and
+    `memory` x its peak allocated bytes."""
+    m = plan.memory
+    peak = m.total - m.runtime_overhead - m.allocator_margin
+    return {"status": status, "plan": plan.name, "layout": plan.layout.to_dict(), "world_size": plan.world_size,
+            "device": "cpu", "steps": 5,
+            "predicted": {"params": m.params, "grads": m.grads, "optimizer": m.optimizer, "peak_allocated": peak,
+                          "peak_reserved": m.total - m.runtime_overhead, "total": m.total,
+                          "step_s": plan.time.step_s, "tokens_per_s": plan.time.tokens_per_s, "mfu": plan.time.mfu},
+            "measured": {"step_s": plan.time.step_s * step, "peak": peak * memory},
+            "ratios": {"step_s": step, "peak": memory}}
+
+
+def finish(env: Env, admin: dict[str, str], name: str, *, step: float, memory: float,
+           status: str = "succeeded") -> tuple[int, Plan]:
+    job_id, plan = submit(env, admin, name)
+    r = env.client.post(f"/v1/jobs/{job_id}/measurements",
+                        json={"kind": "report", "data": report(plan, step=step, memory=memory, status=status)},
+                        headers=admin)
+    assert r.status_code == 201, r.text
+    return job_id, plan
+
+
+@pytest.fixture
+def fresh(env: Env) -> Env:
+    """Submissions see a new run at once (the app otherwise rereads the store every 2 s)."""
+    env.app.state.planner.calibration.ttl_s = 0.0
+    return env
+
+
+def calibration(env: Env, admin: dict[str, str]) -> dict[str, Any]:
+    r = env.client.get("/v1/calibration", headers=admin)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_factors_follow_the_measurements_and_later_plans_use_them_from_the_minimum(
+        fresh: Env, admin: dict[str, str]) -> None:
+    env = fresh
+    assert calibration(env, admin)["groups"] == []
+    _, model_plan = finish(env, admin, "run-0", step=0.8, memory=0.9)
+    for i in range(1, 4):
+        finish(env, admin, f"run-{i}", step=0.8, memory=0.9)
+    finish(env, admin, "crashed", step=5.0, memory=3.0, status="failed")  # failed runs do not count
+    doc = calibration(env, admin)
+    [group] = doc["groups"]
+    assert (group["gpu"], group["family"], group["runs"]) == ("cpu", family(model_plan.layout), 4)
+    assert group["step"]["value"] == pytest.approx(0.8) and not group["step"]["used"]
+    assert group["memory"]["value"] == pytest.approx(0.9)
+    assert group["step"]["error_before"] == pytest.approx(0.2) and group["step"]["error_after"] == pytest.approx(0)
+    assert doc["min_runs"] == 5
+
+    # Four runs: the next plan is the model's, and says why.
+    _, planned = submit(env, admin, "next")
+    assert planned.calibration is not None and not planned.calibration.used
+    assert planned.time.step_s == pytest.approx(model_plan.time.step_s)
+
+    # The fifth run (and one wild one, which does not move the median) and plans are calibrated: measured
+    # faster than the model said, the same layout stays the choice at its measured pace.
+    finish(env, admin, "run-4", step=0.8, memory=0.9)
+    finish(env, admin, "stuck", step=40.0, memory=0.9)
+    [group] = calibration(env, admin)["groups"]
+    assert group["runs"] == 6 and group["step"]["used"]
+    assert group["step"]["value"] == pytest.approx(0.8)
+    _, planned = submit(env, admin, "calibrated")
+    use = planned.calibration
+    assert planned.layout == model_plan.layout
+    assert use is not None and use.used and use.runs == 6
+    assert use.step_factor == pytest.approx(0.8) and use.memory_factor == pytest.approx(0.9)
+    assert planned.time.step_s == pytest.approx(0.8 * model_plan.time.step_s)
+    assert use.model_step_s == pytest.approx(model_plan.time.step_s)
+
+
+def test_a_calibrated_plans_run_counts_against_the_models_prediction(fresh: Env, admin: dict[str, str]) -> None:
+    env = fresh
+    for i in range(5):
+        finish(env, admin, f"run-{i}", step=0.7, memory=1.0)
+    job_id, planned = submit(env, admin, "calibrated")
+    assert planned.calibration is not None and planned.calibration.step_factor == pytest.approx(0.7)
+    # The runtime measured exactly what the calibrated plan said: 0.7 x the model.
+    r = env.client.post(f"/v1/jobs/{job_id}/measurements",
+                        json={"kind": "report", "data": report(planned, step=1.0, memory=1.0)}, headers=admin)
+    assert r.status_code == 201
+    [group] = calibration(env, admin)["groups"]
+    assert group["runs"] == 6 and group["step"]["value"] == pytest.approx(0.7)
+    job = env.client.get(f"/v1/jobs/{job_id}", headers=admin).json()
+    assert job["prediction_error"]["step_ratio"] == pytest.approx(1.0)
+    assert job["prediction_error"]["calibrated"] is True
+
+
+def test_a_job_shows_its_own_prediction_error(env: Env, admin: dict[str, str]) -> None:
+    job_id, plan = submit(env, admin, "quiet")
+    assert env.client.get(f"/v1/jobs/{job_id}", headers=admin).json()["prediction_error"] is None
+    r = env.client.post(f"/v1/jobs/{job_id}/measurements",
+                        json={"kind": "report", "data": report(plan, step=1.25, memory=0.8)}, headers=admin)
+    assert r.status_code == 201
+    err = env.client.get(f"/v1/jobs/{job_id}", headers=admin).json()["prediction_error"]
+    assert err["step_ratio"] == pytest.approx(1.25) and err["step_error"] == pytest.approx(0.25)
+    assert err["memory_ratio"] == pytest.approx(0.8) and err["memory_error"] == pytest.approx(-0.2)
+    assert err["predicted_step_s"] == pytest.approx(plan.time.step_s) and err["calibrated"] is False
+
+
+def test_reports_are_read_once_however_often_calibration_is_read(env: Env, admin: dict[str, str]) -> None:
+    for i in range(3):
+        finish(env, admin, f"run-{i}", step=1.1, memory=1.0)
+    sessions = env.app.state.sessions
+    with sessions.begin() as session:
+        assert store_calibration.refresh(session) == 3
+    with sessions.begin() as session:
+        assert store_calibration.refresh(session) == 0
+        assert len(store_calibration.samples(session)) == 3
+    finish(env, admin, "run-3", step=1.1, memory=1.0)
+    with sessions.begin() as session:
+        assert store_calibration.refresh(session) == 1
+        assert len(store_calibration.samples(session, window=2)) == 2  # the newest per group only
+
+
+def test_calibrate_and_show_print_the_factors_and_the_jobs_error(
+        env: Env, admin: dict[str, str], admin_cli: Callable[..., tuple[int, str]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out = admin_cli("calibrate")
+    assert code == 0 and "no measured runs yet" in out
+    for i in range(5):
+        job_id, plan = finish(env, admin, f"run-{i}", step=1.2, memory=1.1)
+    code, out = admin_cli("calibrate")
+    assert code == 0, out
+    assert family(plan.layout) in out and "x1.2" in out and "x1.1" in out
+    assert "20.0% -> 0.0%" in out and "10.0% -> 0.0%" in out
+    code, out = admin_cli("show", str(job_id))
+    assert code == 0, out
+    assert "Prediction error: step time +20.0%" in out and "peak memory +10.0%" in out
