@@ -6,12 +6,15 @@ at the end, also on errors), migrates it, bulk-inserts the jobs with one SQLAlch
 5,000 rows (four teams, six statuses, three backends, the spec and plan of a real `plan()` of the
 `llama-tiny` spec), mints an admin token, and serves the API app with its dashboard in this process.
 
-Cases, each as the admin: the first page, the tenth page (the cursor the ninth page links to), and a
-filtered page (`status=QUEUED&team=alpha&gpu=cpu`). A request is timed from the ASGI call to the
-last byte of the response, in process (Starlette's TestClient: no socket, no client work), `--runs`
-times per case after a warm-up, UI and API requests interleaved so both see the same machine. It
-prints the p50 and p99 of each next to the goal (the page's p99 under 50 ms) and the API's figures,
-and the page's p99 over the API's. Run it on a quiet machine: the figures are wall time.
+Cases, each as the admin: the first page, the tenth page (the cursor the ninth page links to), a
+filtered page (`status=QUEUED&team=alpha&gpu=cpu`), and a sorted one (`sort=-gpus&team=alpha`: most
+GPUs first within a team, on the `(team_id, gpus, id)` index), first and tenth page. GPU counts are
+drawn from 1 to 16 with their own random stream, so the other columns are as before sorting came.
+A request is timed from the ASGI call to the last byte of the response, in process (Starlette's
+TestClient: no socket, no client work), `--runs` times per case after a warm-up, UI and API requests
+interleaved so both see the same machine. It prints the p50 and p99 of each next to the goal (the
+page's p99 under 50 ms) and the API's figures, the page's p99 over the API's, and the load average
+before and after. Run it on a quiet machine: the figures are wall time.
 
     .venv/bin/python benchmarks/ui.py [--jobs 100000] [--runs 200] [--postgres-url URL]
 
@@ -21,6 +24,7 @@ It exits 0 whether or not the goal is met: it is a measurement, not a test.
 from __future__ import annotations
 
 import argparse
+import html
 import os
 import random
 import re
@@ -63,6 +67,8 @@ TINY: dict[str, Any] = {
     "resources": {"gpu": "cpu", "gpus_per_node": 2, "nodes": 1},
 }
 FILTER = "status=QUEUED&team=alpha&gpu=cpu"
+SORTED = "sort=-gpus&team=alpha"
+GPU_COUNTS = (1, 2, 4, 8, 16)
 
 
 @contextmanager
@@ -82,7 +88,7 @@ def bench_database(base_url: str) -> Iterator[str]:
         admin.dispose()
 
 
-def seed(url: str, n_jobs: int, rng: random.Random) -> tuple[str, float]:
+def seed(url: str, n_jobs: int, rng: random.Random, gpu_rng: random.Random) -> tuple[str, float]:
     """Bulk-insert `n_jobs` jobs (ids 1..n) and one event each; returns an admin token and the seconds taken."""
     start = time.perf_counter()
     planned = plan(TrainingSpec.model_validate(TINY))
@@ -112,7 +118,8 @@ def seed(url: str, n_jobs: int, rng: random.Random) -> tuple[str, float]:
                          "spec": specs[(team, backend)], "plan": plan_doc, "created_by": "admin:seed",
                          "layout": layout, "predicted_step_s": planned.time.step_s, "created_at": created,
                          "updated_at": updated, "finished_at": updated if status in TERMINAL else None,
-                         "lease_owner": None, "lease_expires_at": None, "gpu": "cpu", "gpus": 2, "pool": None,
+                         "lease_owner": None, "lease_expires_at": None, "gpu": "cpu",
+                         "gpus": gpu_rng.choice(GPU_COUNTS), "pool": None,
                          "admitted_at": None if status == "QUEUED" else created, "predicted_s": 4.0})
             events.append({"job_id": job_id, "at": created, "actor": "admin:seed", "kind": "job.queued",
                            "message": "planned and queued", "data": {}})
@@ -138,20 +145,21 @@ def _get(client: TestClient, path: str, headers: dict[str, str]) -> tuple[float,
     return took, answer.text
 
 
-def tenth_page_paths(client: TestClient, ui: dict[str, str], api: dict[str, str]) -> tuple[str, str]:
-    """The tenth page's URL of each: the cursor the ninth page hands out, followed from the first."""
-    ui_path, api_path = "/ui/jobs", "/v1/jobs?limit=50"
+def tenth_page_paths(client: TestClient, ui: dict[str, str], api: dict[str, str],
+                     query: str = "") -> tuple[str, str]:
+    """The tenth page's URL of each under `query`: the cursor the ninth page hands out, followed from the first."""
+    ui_path, api_path = "/ui/jobs" + (f"?{query}" if query else ""), f"/v1/jobs?limit=50{'&' if query else ''}{query}"
     for _ in range(9):
-        _, html = _get(client, ui_path, ui)
-        found = re.search(r'href="(/ui/jobs\?cursor=\d+)" rel="next"', html)
+        _, page = _get(client, ui_path, ui)
+        found = re.search(r'href="(/ui/jobs\?[^"]*cursor=[^"]+)" rel="next"', page)
         if found is None:
             raise SystemExit("the Jobs page has no 'Next page' link; fewer than ten pages of jobs?")
-        ui_path = found.group(1)
+        ui_path = html.unescape(found.group(1))
         _, body = _get(client, api_path, api)
         cursor = re.search(r'"next_cursor":"([^"]+)"', body)
         if cursor is None:
             raise SystemExit("GET /v1/jobs has no next_cursor")
-        api_path = f"/v1/jobs?limit=50&cursor={cursor.group(1)}"
+        api_path = f"/v1/jobs?limit=50{'&' if query else ''}{query}&cursor={cursor.group(1)}"
     return ui_path, api_path
 
 
@@ -167,18 +175,22 @@ def main() -> None:
     parser.add_argument("--postgres-url", default=os.environ.get("SHARDCTL_TEST_POSTGRES_URL", DEFAULT_URL),
                         help="a PostgreSQL URL whose role may CREATE DATABASE")
     args = parser.parse_args()
-    rng = random.Random(14)
+    rng, gpu_rng = random.Random(14), random.Random(15)
     with tempfile.TemporaryDirectory(prefix="shardctl-bench-ui-") as tmp, bench_database(args.postgres_url) as url:
-        token, seconds = seed(url, args.jobs, rng)
+        token, seconds = seed(url, args.jobs, rng, gpu_rng)
         print(f"seeded {args.jobs:,} jobs in {seconds:.1f} s (bulk Core inserts of {BATCH:,})")
         app = create_app(Settings(database_url=url, data_dir=Path(tmp)))
         ui = {"Cookie": f"{COOKIE}={token}"}
         api = {"Authorization": f"Bearer {token}"}
         with TestClient(app) as client:
             tenth_ui, tenth_api = tenth_page_paths(client, ui, api)
+            sorted_ui, sorted_api = tenth_page_paths(client, ui, api, SORTED)
             cases = [("first page", "/ui/jobs", "/v1/jobs?limit=50"),
                      ("tenth page", tenth_ui, tenth_api),
-                     (f"filtered ({FILTER})", f"/ui/jobs?{FILTER}", f"/v1/jobs?limit=50&{FILTER}")]
+                     (f"filtered ({FILTER})", f"/ui/jobs?{FILTER}", f"/v1/jobs?limit=50&{FILTER}"),
+                     (f"sorted ({SORTED})", f"/ui/jobs?{SORTED}", f"/v1/jobs?limit=50&{SORTED}"),
+                     ("sorted, tenth page", sorted_ui, sorted_api)]
+            print(f"load average before timing: {_load()}")
             print(f"{args.runs} requests per case and side, in process (ASGI call to last byte), ms\n")
             print(f"{'case':<44} {'page p50':>9} {'page p99':>9} {'goal p99':>9} {'met':>4}"
                   f" {'API p50':>8} {'API p99':>8} {'page/API':>9}")
@@ -194,6 +206,12 @@ def main() -> None:
                 print(f"{label:<44} {statistics.median(page_ms):>9.1f} {page99:>9.1f} {GOAL_P99_MS:>9.0f}"
                       f" {'yes' if page99 < GOAL_P99_MS else 'no':>4} {statistics.median(api_ms):>8.1f}"
                       f" {api99:>8.1f} {page99 / api99:>8.2f}x")
+            print(f"\nload average after timing: {_load()}")
+
+
+def _load() -> str:
+    """The 1, 5 and 15 minute load averages: the background the wall times were taken against."""
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":
