@@ -45,6 +45,7 @@ from service.api.deps import (
 from service.api.errors import ApiError, RouteEntry, routes_of
 from service.api.logs_source import LogReader
 from service.api.metrics import make_metrics
+from service.api.routers import calibration as calibration_routes
 from service.api.routers import events, health, jobs, logs, plans, profiles, teams, tokens, webhooks
 from service.api.routers import pools as pool_routes
 from service.api.routers import scheduling as scheduling_routes
@@ -55,6 +56,7 @@ from service.api.ui.docs_assets import mount_docs
 from service.planner.result import Plan
 from service.settings import Settings
 from service.spec import TrainingSpec
+from service.store.calibration import CalibrationSource
 from service.store.db import make_engine, make_sessionmaker
 from service.store.tokens import Principal, authenticate
 
@@ -353,6 +355,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.state.planner = PlanRunner.from_settings(settings)
     app.state.engine = engine
     app.state.sessions = make_sessionmaker(engine)
+    app.state.planner.calibration = CalibrationSource(app.state.sessions, min_runs=settings.calibration_min_runs)
     app.state.metrics = make_metrics(app.state.sessions, team_labels=settings.metrics_team_labels)
     app.state.launch_preview = launch_preview
     app.state.log_reader = log_reader
@@ -363,6 +366,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
         app.include_router(module.router)
     for module in (pool_routes, scheduling_routes):  # shared GPUs (issue 12)
         app.include_router(module.router)
+    app.include_router(calibration_routes.router)  # calibration from measurements (issue 16)
     mount_docs(app)
     mount_ui(app)  # the dashboard under /ui/ (service/api/ui, docs/dashboard.md)
     app.add_middleware(RequestGate, api=app)
