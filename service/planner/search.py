@@ -313,12 +313,21 @@ def _tp_ok(shape: ModelShape, tp: int) -> bool:
 
 
 def _meshes(ctx: Context, pins: LayoutPins, result: SearchResult, deadline: Deadline | None) -> Iterator[Mesh]:
+    """Every valid mesh under the pins (invalid ones are counted in `result`): those without context
+    parallelism first, then those with it. The runtime does not run cp yet, so once a layout it
+    runs fits, the search skips every cp mesh without building it (about half of a 1T search)."""
     world = ctx.cluster.world_size
+    for context_parallel in (False, True):
+        yield from _meshes_of(ctx, pins, result, deadline, world, context_parallel)
+
+
+def _meshes_of(ctx: Context, pins: LayoutPins, result: SearchResult, deadline: Deadline | None, world: int,
+               context_parallel: bool) -> Iterator[Mesh]:
     for tp in divisors(world):
         if pins.tp is not None and tp != pins.tp:
             continue
         for cp in divisors(world // tp):
-            if pins.cp is not None and cp != pins.cp:
+            if (pins.cp is not None and cp != pins.cp) or (cp > 1) != context_parallel:
                 continue
             for pp in divisors(world // (tp * cp)):
                 if pins.pp is not None and pp != pins.pp:
@@ -436,8 +445,9 @@ def search(ctx: Context, pins: LayoutPins | None = None, *, timed: bool = True,
     most offload at a checkpointing level does not fit (no less offload does); a micro-batch with
     nothing fitting (no larger one fits, except under GPipe).
 
-    The loops, outermost first: mesh, sharding, sequence parallelism (together a `Base`), then
-    micro-batch, pipeline schedule, activation checkpointing and offload.
+    The loops, outermost first: mesh (those without context parallelism first, see `_meshes`),
+    sharding, sequence parallelism (together a `Base`), then micro-batch, pipeline schedule,
+    activation checkpointing and offload.
 
     With a `deadline`, the search checks the clock once per mesh and once per micro-batch (a few
     dozen layouts apart) and raises `SearchBudgetExceeded` once it has passed.
@@ -449,6 +459,17 @@ def search(ctx: Context, pins: LayoutPins | None = None, *, timed: bool = True,
     host_limit = ctx.cluster.cpu_memory_gib * 2**30
     forwards: dict[tuple[int, ...], ForwardTimes] = {}
     activations: dict[tuple[object, ...], ActivationMemory] = {}
+    schedule_options: dict[tuple[int, int], list[tuple[PipelineSchedule | None, int]]] = {}
+    shape, cluster = ctx.shape, ctx.cluster
+    precision, optimizer, attention = ctx.precision, ctx.optimizer, ctx.attention
+    roomy = ctx.roomy  # `Context.tier`, inlined in the hot loop
+
+    def schedules_for(pp: int, m: int) -> list[tuple[PipelineSchedule | None, int]]:
+        options = schedule_options.get((pp, m))
+        if options is None:
+            options = schedule_options[pp, m] = _schedules(ctx, pins, pp, m)
+        return options
+
     ckpt_pin = pins.activation_checkpointing or ctx.spec.checkpointing_pin
     ckpts: list[Checkpointing] = [ckpt_pin] if ckpt_pin else searched_checkpointing(ctx.attention)
     for mesh in _meshes(ctx, pins, result, deadline):
@@ -478,21 +499,21 @@ def search(ctx: Context, pins: LayoutPins | None = None, *, timed: bool = True,
                 # Model states per offload option; those that alone exceed the GPU or the host are left out.
                 statics: dict[Offload, StaticMemory] = {}
                 for off in _offloads(pins, sharding, carrier):
-                    static = static_memory(ctx.shape, ctx.cluster, base.layout(offload=off), precision=ctx.precision,
-                                           optimizer=ctx.optimizer)
+                    static = static_memory(shape, cluster, base.layout(offload=off), precision=precision,
+                                           optimizer=optimizer)
                     result.evaluated += 1
-                    if static.floor <= limit and max(static.cpu_per_node_first, static.cpu_per_node_last) <= host_limit:
+                    floor = static.floor
+                    if floor <= limit and max(static.cpu_per_node_first, static.cpu_per_node_last) <= host_limit:
                         statics[off] = static
                         continue
                     # States alone exceed the GPU (or the host): no micro-batch fits.
                     result.out_of_memory += len(mbs) * len(ckpts)
-                    if not result.fitting and static.floor / limit < result.closest_ratio:
+                    if not result.fitting and floor / limit < result.closest_ratio:
                         b, m = mbs[0], per_replica // mbs[0]
-                        for schedule, v in _schedules(ctx, pins, pp, m)[:1]:
+                        for schedule, v in schedules_for(pp, m)[:1]:
                             lean = base.layout(micro_batch=b, grad_accum_steps=m, activation_checkpointing=ckpts[-1],
                                                pipeline_schedule=schedule, virtual_stages=v, offload=off)
-                            lean_acts = activation_memory(ctx.shape, lean, precision=ctx.precision,
-                                                          attention=ctx.attention)
+                            lean_acts = activation_memory(shape, lean, precision=precision, attention=attention)
                             _track_closest(ctx, result, static, lean_acts, lean)
                 if not statics:
                     continue
@@ -502,7 +523,7 @@ def search(ctx: Context, pins: LayoutPins | None = None, *, timed: bool = True,
                     if deadline is not None:
                         deadline.check(result.evaluated)
                     m = per_replica // b
-                    schedules = _schedules(ctx, pins, pp, m)
+                    schedules = schedules_for(pp, m)
                     if not schedules:
                         result.invalid += 1
                         continue
@@ -531,7 +552,7 @@ def search(ctx: Context, pins: LayoutPins | None = None, *, timed: bool = True,
                                                          activation_checkpointing=ckpt, pipeline_schedule=schedule,
                                                          virtual_stages=v)
                                 acts = activations[akey] = activation_memory(
-                                    ctx.shape, shape_only, precision=ctx.precision, attention=ctx.attention)
+                                    shape, shape_only, precision=precision, attention=attention)
                             if combined_total(thrift, acts, pp) > limit:
                                 result.evaluated += 1
                                 result.out_of_memory += len(offs)
@@ -572,7 +593,7 @@ def search(ctx: Context, pins: LayoutPins | None = None, *, timed: bool = True,
                                 if fwd is None:
                                     fwd = _forward(ctx, forwards, base, b)
                                 if result.prunes() and result.best is not None and _time_floor(
-                                        fwd, ckpt, ctx.attention, grad_accum_steps=m, pp=pp, virtual_stages=v,
+                                        fwd, ckpt, attention, grad_accum_steps=m, pp=pp, virtual_stages=v,
                                 ) > PRUNE_FACTOR * result.best.step_s:
                                     # Too slow to be chosen or shown: not timed further.
                                     result.pruned_dimensions.update(
@@ -581,7 +602,7 @@ def search(ctx: Context, pins: LayoutPins | None = None, *, timed: bool = True,
                                 layout = base.layout(micro_batch=b, grad_accum_steps=m, activation_checkpointing=ckpt,
                                                      pipeline_schedule=schedule, virtual_stages=v, offload=off)
                                 cand = Candidate(layout=layout, fits=True, total=total, parts=(static, acts),
-                                                 tier=ctx.tier(layout, total))
+                                                 tier=2 * has_gap(layout, precision) + (total > roomy))
                                 _rank(ctx, cand, result, fwd, static)
                     if not any_fit_at_b and not pins.micro_batch and pins.pipeline_schedule != "gpipe":
                         # Activations only grow with the micro-batch: larger ones cannot fit either.
@@ -652,23 +673,25 @@ def _time_floor(fwd: ForwardTimes, ckpt: Checkpointing, attention: str, *, grad_
 
 def _rank(ctx: Context, cand: Candidate, result: SearchResult, forward: ForwardTimes,
           static: StaticMemory) -> None:
-    cand.time = step_time(ctx.shape, ctx.cluster, cand.layout, precision=ctx.precision,
+    lay = cand.layout
+    cand.time = step_time(ctx.shape, ctx.cluster, lay, precision=ctx.precision,
                           optimizer=ctx.optimizer, attention=ctx.attention, forward=forward,
                           stages=static.stages)
     result.timed.append(cand)
     key = cand.key()
-    if result.best is None or key < result.best.key():
+    best = result.best
+    if best is None or key < best.key():
         result.best = cand
-    lay = cand.layout
+    by_signature, by_dimension = result.by_signature, result.by_dimension
     sig = (lay.dp, lay.tp, lay.pp, lay.cp, lay.sharding, lay.dp_shard, lay.offload)
-    held = result.by_signature.get(sig)
+    held = by_signature.get(sig)
     if held is None or key < held.key():
-        result.by_signature[sig] = cand
-    values = (lay.tp, lay.pp, lay.cp, lay.sharding, lay.activation_checkpointing, lay.offload)
-    for dkey in zip(DIMENSIONS, values, strict=True):
-        held = result.by_dimension.get(dkey)
+        by_signature[sig] = cand
+    for dkey in (("tp", lay.tp), ("pp", lay.pp), ("cp", lay.cp), ("sharding", lay.sharding),
+                 ("activation_checkpointing", lay.activation_checkpointing), ("offload", lay.offload)):
+        held = by_dimension.get(dkey)
         if held is None or key < held.key():
-            result.by_dimension[dkey] = cand
+            by_dimension[dkey] = cand
 
 
 def evaluate_layout(ctx: Context, layout: Layout) -> Candidate:
