@@ -46,7 +46,7 @@ from service.api.errors import ApiError, RouteEntry, routes_of
 from service.api.logs_source import LogReader
 from service.api.metrics import make_metrics
 from service.api.routers import calibration as calibration_routes
-from service.api.routers import events, health, jobs, logs, plans, profiles, teams, tokens, webhooks
+from service.api.routers import events, health, job_batches, jobs, logs, plans, profiles, teams, tokens, webhooks
 from service.api.routers import pools as pool_routes
 from service.api.routers import scheduling as scheduling_routes
 from service.api.schemas import ErrorField
@@ -362,7 +362,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.state.log_followers = logs.Followers()
     app.state.configured_backends = frozenset(configured_backends) if configured_backends is not None else None
     errors.install(app)
-    for module in (health, plans, jobs, logs, profiles, teams, tokens, events, webhooks):
+    for module in (health, plans, jobs, job_batches, logs, profiles, teams, tokens, events, webhooks):
         app.include_router(module.router)
     for module in (pool_routes, scheduling_routes):  # shared GPUs (issue 12)
         app.include_router(module.router)

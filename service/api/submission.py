@@ -21,19 +21,19 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.api.errors import INVALID_SPEC, ApiError
-from service.api.schemas import ErrorField, JobOut
-from service.api.views import job_out, redacted_spec
-from service.planner import Deadline, Plan, SearchBudgetExceeded, plan
+from service.api.schemas import ErrorField, JobOut, JobSummary
+from service.api.views import job_out, job_summary, redacted_spec
+from service.planner import Deadline, InvalidSpec, Plan, SearchBudgetExceeded, plan
 from service.planner.calibration import Calibration
 from service.scheduling.model import TeamQuota
 from service.settings import Settings
 from service.spec import TrainingSpec
 from service.store.jobs import NewJob, body_hash, find_idempotent, idempotency_scope, visible_job
 from service.store.models import Job, Team
-from service.store.pools import effective_pools, managed, matching
+from service.store.pools import SourcedPool, effective_pools, managed, matching
 from service.store.quotas import max_priority
 from service.store.submissions import insert_jobs
-from service.store.tokens import Principal, ensure_team, team_by_name
+from service.store.tokens import NotFound, Principal, ensure_team, team_by_name
 from service.store.vocab import Role
 
 DEFAULT_TEAM = "default"
@@ -188,11 +188,13 @@ def check_priority(session: Session, principal: Principal, team: Team | None, pr
                        details={"priority": priority, "max_priority": limit})
 
 
-def check_pools(session: Session, spec: TrainingSpec, planned: Plan, local_gpus: str | None) -> None:
+def check_pools(session: Session, spec: TrainingSpec, planned: Plan, local_gpus: str | None,
+                *, pools: list[SourcedPool] | None = None) -> None:
     """422 when the backend's pools cannot run the plan: no pool of its GPU kind (naming the pools that
     exist, field `resources.gpu`), or more GPUs than the largest such pool holds (with its size). A
-    backend without any pool is not managed by admission and is not checked."""
-    pools = effective_pools(session, local_gpus)
+    backend without any pool is not managed by admission and is not checked. `pools`: the
+    `effective_pools` already read in this transaction."""
+    pools = effective_pools(session, local_gpus) if pools is None else pools
     backend = spec.backend.kind
     if not managed(pools, backend):
         return
@@ -335,3 +337,89 @@ def submit(db: sessionmaker[Session], principal: Principal, spec: TrainingSpec,
     """`submit_job`, for callers that want only (job id, created); created is False for a replay."""
     submitted = submit_job(db, principal, spec, idempotency_key, configured, planner, local_gpus=local_gpus)
     return submitted.job_id, submitted.created
+
+
+#: The most specs one batch submission takes (and the body must stay under the server's body limit).
+MAX_BATCH = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """One batch item past the checks that need no database: its team and its fitting plan."""
+
+    spec: TrainingSpec
+    team_name: str
+    plan: Plan
+
+
+def submit_batch(db: sessionmaker[Session], principal: Principal, specs: list[TrainingSpec],
+                 configured: Collection[str] | None, planner: PlanRunner, *,
+                 local_gpus: str | None = None) -> list[JobSummary]:
+    """Plan and queue every spec of `specs`, all or nothing: the same checks as `submit_job` for each
+    item, then every job, event and webhook delivery in one transaction. Returns the jobs' summaries
+    (in the order of `specs`), built before the commit from the inserted rows.
+
+    When any item is refused, nothing is stored: `ApiError` with the status and code of the first
+    refused item, every refused item in `details.items` (index, status, code, message, fields) and
+    each field prefixed with its item (`specs.3.resources.gpu`, as schema errors name it). A 503
+    (planner busy) stops at once.
+    """
+    refused: list[tuple[int, ApiError]] = []
+    prepared: list[Prepared] = []
+    for index, spec in enumerate(specs):
+        try:
+            check_backend(spec, configured)
+            team_name = team_of(principal, spec)
+            prepared.append(Prepared(spec, team_name, fitting_plan(spec, planner)))
+        except InvalidSpec as exc:
+            refused.append((index, ApiError(422, INVALID_SPEC, str(exc), fields=[
+                ErrorField(loc=p.path, message=p.message) for p in exc.problems])))
+        except ApiError as exc:
+            if exc.status == 503:
+                raise
+            refused.append((index, exc))
+    _refuse(refused, len(specs))
+    with db.begin() as session:
+        teams: dict[str, Team] = {}
+        for index, item in enumerate(prepared):
+            try:
+                if item.team_name not in teams:
+                    teams[item.team_name] = resolve_team(session, item.team_name)
+                check_priority(session, principal, teams[item.team_name], item.spec.priority)
+            except NotFound as exc:
+                message = f"{exc}; or submit into an existing team"
+                refused.append((index, ApiError(404, "not_found", message, fields=[
+                    ErrorField(loc="team", message=message)])))
+            except ApiError as exc:
+                refused.append((index, exc))
+        pools_refused = _check_all_pools(session, prepared, local_gpus)
+        _refuse(refused + pools_refused, len(specs))
+        jobs = insert_jobs(session, [NewJob(team=teams[item.team_name], spec=item.spec.model_copy(
+            update={"team": item.team_name}), plan=item.plan) for item in prepared], actor=principal.actor)
+        return [job_summary(job) for job in jobs]
+
+
+def _check_all_pools(session: Session, prepared: list[Prepared], local_gpus: str | None) -> list[tuple[int, ApiError]]:
+    """`check_pools` of each item, the pools read once."""
+    refused: list[tuple[int, ApiError]] = []
+    pools = effective_pools(session, local_gpus)
+    for index, item in enumerate(prepared):
+        try:
+            check_pools(session, item.spec, item.plan, local_gpus, pools=pools)
+        except ApiError as exc:
+            refused.append((index, exc))
+    return refused
+
+
+def _refuse(refused: list[tuple[int, ApiError]], total: int) -> None:
+    if not refused:
+        return
+    refused.sort(key=lambda item: item[0])
+    first_index, first = refused[0]
+    items = [{"index": i, "status": e.status, "code": e.code, "message": e.message,
+              "fields": [f.model_dump() for f in e.fields], "details": e.details} for i, e in refused]
+    fields = [ErrorField(loc=f"specs.{i}" + (f".{f.loc}" if f.loc else ""), message=f.message)
+              for i, e in refused for f in (e.fields or [ErrorField(loc="", message=e.message)])]
+    raise ApiError(first.status, first.code, f"{len(refused)} of {total} specs refused, nothing was stored;"
+                   f" the first, specs.{first_index}: {first.message}", fields=fields,
+                   details={"items": items, "refused": len(refused), "total": total})

@@ -23,7 +23,7 @@ from service.api.errors import INVALID_SPEC, ApiError
 from service.api.schemas import ErrorField, ErrorResponse, EventOut, JobOut, JobPage, MeasurementIn, MeasurementOut
 from service.api.sse import KEEP_ALIVE, sse_message
 from service.api.stream_auth import StreamAuth, as_stream_auth, for_stream
-from service.api.submission import submit
+from service.api.submission import submit_job
 from service.api.views import event_out, job_out, job_summary
 from service.backend_options import BackendKind
 from service.names import Label
@@ -84,14 +84,12 @@ def create_job(spec: TrainingSpec, principal: Person, db: Db, request: Request,
                idempotency_key: Annotated[str | None, Header()] = None) -> Response:
     """201 with the new job; 200 with the first job when the same `Idempotency-Key` and body come
     again; 409 when the key comes with a different body; 422 when no layout fits."""
-    job_id, created = submit(db, principal, spec, idempotency_key, request.app.state.configured_backends,
-                             request.app.state.planner, local_gpus=request.app.state.settings.local_gpus)
-    with db.begin() as session:
-        out = job_out(session, visible_job(session, principal, job_id, detail=True))
-        response = rendered(out, 201 if created else 200)
-    if created:
-        request.app.state.metrics.submissions.labels(team=out.team).inc()
-    return response
+    state = request.app.state
+    submitted = submit_job(db, principal, spec, idempotency_key, state.configured_backends, state.planner,
+                           local_gpus=state.settings.local_gpus)
+    if submitted.created:
+        state.metrics.submissions.labels(team=submitted.team).inc()
+    return Response(submitted.body, status_code=201 if submitted.created else 200, media_type="application/json")
 
 
 @router.get("", response_model=JobPage, responses={422: {"model": ErrorResponse}},
