@@ -57,7 +57,8 @@ def fresh(env: Env) -> Env:
 def calibration(env: Env, admin: dict[str, str]) -> dict[str, Any]:
     r = env.client.get("/v1/calibration", headers=admin)
     assert r.status_code == 200, r.text
-    return r.json()
+    doc: dict[str, Any] = r.json()
+    return doc
 
 
 def test_factors_follow_the_measurements_and_later_plans_use_them_from_the_minimum(

@@ -43,8 +43,8 @@ def test_families_name_the_sharding_kind_and_each_parallel_dimension_in_use() ->
 def test_a_few_wild_runs_do_not_move_the_factor() -> None:
     steady = [Sample(gpu=H100, family="fsdp", predicted_step_s=1.0, measured_step_s=1.2 + 0.01 * (i % 3 - 1),
                      predicted_peak_bytes=1e10, measured_peak_bytes=1.05e10) for i in range(10)]
-    wild = [Sample(gpu=H100, family="fsdp", predicted_step_s=1.0, measured_step_s=s,
-                   predicted_peak_bytes=1e10, measured_peak_bytes=m) for s, m in ((12.0, 5e10), (9.0, 4e10), (0.01, 1e8))]
+    wild = [Sample(gpu=H100, family="fsdp", predicted_step_s=1.0, measured_step_s=s, predicted_peak_bytes=1e10,
+                   measured_peak_bytes=m) for s, m in ((12.0, 5e10), (9.0, 4e10), (0.01, 1e8))]
     [group] = fit(steady + wild).groups
     assert group.runs == 13
     assert group.step is not None and group.memory is not None
