@@ -7,7 +7,7 @@ process (`uvicorn --factory service.api.app:create_app`) and drives it from this
 `--concurrency` asyncio tasks sharing an httpx client, only against 127.0.0.1. It measures:
 
 1. submissions/s of `POST /v1/jobs` (member token, the `llama-tiny` preset on `gpu: cpu`), and jobs/s
-   through `POST /v1/jobs/batch` (`BATCH_SIZE` specs a request);
+   through `POST /v1/jobs:batch` (`BATCH_SIZE` specs a request);
 2. p50/p99 latency of `GET /v1/jobs/{id}` over random ids, alone (concurrency 1) and under load;
 3. p50/p99 of a filtered list `GET /v1/jobs?status=QUEUED&team=T&limit=50` and of its second page
    (the cursor the first page returned), alone and under load;
@@ -66,7 +66,7 @@ DEFAULT_URL = "postgresql+psycopg://shardctl:shardctl@127.0.0.1:5432/shardctl"
 GOAL_SUBMISSIONS_PER_S = 500.0
 GOAL_P99_READ_MS = 20.0  # at one client
 GOAL_P99_READ_LOADED_MS = 50.0  # at --concurrency (16) clients
-BATCH_SIZE = 100  # specs per POST /v1/jobs/batch
+BATCH_SIZE = 100  # specs per POST /v1/jobs:batch
 TEAMS = ("alpha", "beta", "gamma", "delta")
 MEMBER_TEAM = TEAMS[0]
 STATUSES = {"SUCCEEDED": 50, "FAILED": 10, "CANCELLED": 5, "QUEUED": 15, "PENDING": 5, "RUNNING": 15}
@@ -403,7 +403,7 @@ def batch_request(run_id: str) -> Request:
     """`BATCH_SIZE` specs per request; the phase's rate counts requests (x BATCH_SIZE for jobs/s)."""
     async def do(client: httpx.AsyncClient, i: int) -> tuple[float, int]:
         body = {"specs": [{**TINY, "name": f"batch-{run_id}-{i}-{k}"} for k in range(BATCH_SIZE)]}
-        seconds, status, _ = await timed(client, "POST", "/v1/jobs/batch", json=body)
+        seconds, status, _ = await timed(client, "POST", "/v1/jobs:batch", json=body)
         return seconds, status
     return do
 
@@ -493,9 +493,9 @@ def print_report(seeded: Seeded, phases: dict[str, Phase], raw: tuple[Phase, Pha
     rows.append(("  submissions/s as a fraction of /healthz req/s", sub.rate / healthz.rate if healthz.rate else 0.0,
                  None, True))
     batch = phases["batch"]
-    rows.append((f"POST /v1/jobs/batch jobs/s ({BATCH_SIZE}/request, c={batch.concurrency})",
+    rows.append((f"POST /v1/jobs:batch jobs/s ({BATCH_SIZE}/request, c={batch.concurrency})",
                  batch.rate * BATCH_SIZE, GOAL_SUBMISSIONS_PER_S, True))
-    rows.append((f"POST /v1/jobs/batch p99 ms per request (c={batch.concurrency})", batch.pct_ms(99), None, False))
+    rows.append((f"POST /v1/jobs:batch p99 ms per request (c={batch.concurrency})", batch.pct_ms(99), None, False))
     for key, what in (("healthz", "GET /healthz (no db, no auth)"), ("get", "GET /v1/jobs/{id}"),
                       ("list1", "GET /v1/jobs?status&team p1"),
                       ("list2", "GET /v1/jobs?...&cursor p2")):
@@ -548,7 +548,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16, help="concurrent clients of the loaded phases")
     parser.add_argument("--workers", "--server-workers", dest="server_workers", type=int, default=1,
                         help="API server processes (uvicorn --workers, as `shardctl serve --workers`)")
-    parser.add_argument("--batches", type=int, default=20, help=f"POST /v1/jobs/batch requests of {BATCH_SIZE}")
+    parser.add_argument("--batches", type=int, default=20, help=f"POST /v1/jobs:batch requests of {BATCH_SIZE}")
     parser.add_argument("--max-seconds", type=float, default=90.0, help="time limit of each phase")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
@@ -576,7 +576,7 @@ def main() -> None:
                 print("submitting ...", flush=True)
                 phases["submit"] = run_phase("POST /v1/jobs", server, member, submit_request(run_id),
                                              args.submissions, c, limit, ok_status=201, sessions=sessions)
-                phases["batch"] = run_phase("POST /v1/jobs/batch", server, member, batch_request(run_id),
+                phases["batch"] = run_phase("POST /v1/jobs:batch", server, member, batch_request(run_id),
                                             args.batches, min(c, 4), limit, ok_status=201, sessions=sessions)
                 print("reading ...", flush=True)
                 for c_key, conc in (("1", 1), ("n", c)):

@@ -59,7 +59,7 @@ _HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "
 #: types and ranges, or the planner's checks against the presets and the GPU catalog).
 INVALID_SPEC = "invalid_spec"
 #: Routes whose JSON body is a `TrainingSpec` (or, for the batch, a list of them).
-SPEC_BODIES = frozenset({("POST", "/v1/jobs"), ("POST", "/v1/plans"), ("POST", "/v1/jobs/batch")})
+SPEC_BODIES = frozenset({("POST", "/v1/jobs"), ("POST", "/v1/plans"), ("POST", "/v1/jobs:batch")})
 
 
 def _is_spec_body(request: Request, exc: RequestValidationError) -> bool:

@@ -1,4 +1,4 @@
-"""`POST /v1/jobs/batch`: all or nothing, per-item errors by index and field, same rules as one
+"""`POST /v1/jobs:batch`: all or nothing, per-item errors by index and field, same rules as one
 submission, one transaction (both databases)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from tests.db_fixtures import Env
 from tests.specs import tiny
 from workers.admission import lease
 
-BATCH = "/v1/jobs/batch"
+BATCH = "/v1/jobs:batch"
 
 
 def test_a_batch_queues_every_spec_in_order_each_durable_and_dispatchable(env: Env, admin: dict[str, str]) -> None:

@@ -1,4 +1,4 @@
-"""`POST /v1/jobs/batch`: plan and queue up to `MAX_BATCH` specs in one request and one transaction."""
+"""`POST /v1/jobs:batch`: plan and queue up to `MAX_BATCH` specs in one request and one transaction."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from service.api.schemas import ErrorField, ErrorResponse, JobSummary
 from service.api.submission import MAX_BATCH, encoded, submit_batch
 from service.spec import TrainingSpec
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+# `jobs:batch`, a custom method on the collection (as Google's API guide names them): `/v1/jobs/batch`
+# would share its path with GET /v1/jobs/{job_id}.
+router = APIRouter(tags=["jobs"])
 
 
 class BatchIn(BaseModel):
@@ -28,7 +30,7 @@ class BatchOut(BaseModel):
                                     " GET /v1/jobs/{id} for its spec and plan.")
 
 
-@router.post("/batch", response_model=BatchOut, status_code=201,
+@router.post("/v1/jobs:batch", response_model=BatchOut, status_code=201,
              responses={403: {"model": ErrorResponse}, 404: {"model": ErrorResponse},
                         422: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
              summary="Plan and queue several jobs at once, all or none")
