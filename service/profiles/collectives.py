@@ -78,7 +78,9 @@ def _norm_op(name: str) -> str:
 def collect_instances(t: RankTrace, tl: Timeline, world_size: int | None) -> list[Instance]:
     """One ``Instance`` per collective execution on this rank, in start order."""
     out: list[Instance] = []
-    for i in range(len(t)):
+    # GPU timelines: only the events classed as communication can be collectives
+    candidates = range(len(t)) if tl.basis == "cpu_ops" else tl.item_events
+    for i in candidates:
         name = t.name(i)
         args = t.size_args.get(i, {})
         if tl.basis == "cpu_ops":

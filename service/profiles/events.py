@@ -87,6 +87,7 @@ class _Event(msgspec.Struct, gc=False):
 
 
 _EVENTS_DECODER = msgspec.json.Decoder(list[_Event])
+_NO_ARGS = _Args()
 
 
 def _as_int(value: Any, default: int = -1) -> int:
@@ -149,6 +150,7 @@ class _Builder:
         self.cat_ids: dict[str, int] = {}
         self.thread_ids: dict[tuple[str, str], int] = {}
         self.carries_sizes: list[bool] = []  # per name id: does the name match _SIZE_CARRIERS
+        self.raw_threads: dict[tuple[int, int], int] = {}  # (pid, tid) as decoded -> thread id
 
     def _intern(self, table: dict[str, int], values: list[str], key: str) -> int:
         idx = table.get(key)
@@ -228,7 +230,71 @@ class _Builder:
 
 
     def add_batch(self, events: list[_Event]) -> None:
-        """``add`` for events decoded by the fast path: the same columns, the same errors."""
+        """``add`` for events decoded by the fast path: the same columns, the same errors.
+
+        Column by column where the batch is regular; event by event (``_add_each``) when an event would
+        raise or carries an unusual type, so that errors name the same event as ``add`` would."""
+        t = self.t
+        if any(ev.ph == "M" for ev in events):
+            self._add_each(events)
+            return
+        if not t.float_timestamps and any(ev.ts is None or type(ev.ts) is float for ev in events):
+            t.float_timestamps = True
+        kept = [
+            ev
+            for ev in events
+            if ev.dur is not None and ev.cat is not None and ev.ts is not None
+            and ev.cat != "Trace" and ev.cat != "python_function"
+        ]
+        skipped = sum(ev.cat == "python_function" and ev.dur is not None and ev.ts is not None for ev in events)
+        regular = len(t.ts) + len(kept) <= self.max_events and all(
+            type(ev.name) is str and type(ev.cat) is str and type(ev.ts) in (int, float)
+            and type(ev.dur) in (int, float) and type(ev.pid) is int and type(ev.tid) is int
+            for ev in kept
+        )
+        if not regular:
+            self._add_each(events)
+            return
+        t.total_events += len(events)
+        t.skipped_python_functions += skipped
+        first = len(t.ts)
+        t.ts.extend([float(ev.ts) for ev in kept])
+        t.dur.extend([float(ev.dur) for ev in kept])
+        name_ids, cat_ids, thread_map = self.name_ids, self.cat_ids, self.thread_ids
+        name_col = [name_ids.get(ev.name, -1) for ev in kept]
+        for k, nid in enumerate(name_col):
+            if nid < 0:
+                name_col[k] = self._name_id(kept[k].name)
+        t.name_idx.extend(name_col)
+        t.cat_idx.extend([
+            cid if (cid := cat_ids.get(ev.cat)) is not None else self._intern(cat_ids, t.cats, ev.cat)
+            for ev in kept
+        ])
+        raw_threads = self.raw_threads
+        thread_col = [raw_threads.get((ev.pid, ev.tid), -1) for ev in kept]
+        for k, tidx in enumerate(thread_col):
+            if tidx < 0:
+                ev = kept[k]
+                key = (str(ev.pid), str(ev.tid))
+                found = thread_map.get(key)
+                if found is None:
+                    found = thread_map[key] = len(t.threads)
+                    t.threads.append(key)
+                thread_col[k] = raw_threads[(ev.pid, ev.tid)] = found
+        t.thread_idx.extend(thread_col)
+        no_args = _NO_ARGS
+        args = [ev.args or no_args for ev in kept]
+        t.stream.extend([v if type(v := a.stream) is int else _as_int(v) for a in args])
+        t.correlation.extend([v if type(v := a.correlation) is int else _as_int(v) for a in args])
+        t.external_id.extend([v if type(v := a.external_id) is int else _as_int(v) for a in args])
+        carries = self.carries_sizes
+        for k, a in enumerate(args):
+            if a is not no_args and (carries[name_col[k]] or a.collective_name is not _UNSET):
+                kept_args = {key: v for key, attr in _SIZE_FIELDS if (v := getattr(a, attr)) is not _UNSET}
+                if kept_args:
+                    t.size_args[first + k] = kept_args
+
+    def _add_each(self, events: list[_Event]) -> None:
         t = self.t
         t.total_events += len(events)
         name_ids, cat_ids, thread_map = self.name_ids, self.cat_ids, self.thread_ids

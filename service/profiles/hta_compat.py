@@ -17,7 +17,7 @@ events that rounding gave a negative duration).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from operator import itemgetter
 
 from service.profiles.classify import hta_kernel_type
 from service.profiles.events import RankTrace
@@ -34,16 +34,22 @@ def np_round(x: float, decimals: int = 2) -> float:
 
 def _hta_merge(rows: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """``hta.utils.utils.merge_kernel_intervals`` on (ts, end) rows."""
-    rows = sorted(rows, key=lambda r: r[0])
-    groups: list[list[float]] = []
-    cummax = -math.inf
-    for ts, end in rows:
-        if not groups or ts > cummax:
-            groups.append([ts, end])
-        else:
-            groups[-1][1] = max(groups[-1][1], end)
-        cummax = max(cummax, end)
-    return [(g[0], g[1]) for g in groups]
+    if not rows:
+        return []
+    rows = sorted(rows, key=itemgetter(0))
+    out: list[tuple[float, float]] = []
+    start, end_max = rows[0]
+    cummax = end_max
+    for ts, end in rows[1:]:
+        if ts > cummax:
+            out.append((start, end_max))
+            start, end_max = ts, end
+        elif end > end_max:
+            end_max = end
+        if end > cummax:
+            cummax = end
+    out.append((start, end_max))
+    return out
 
 
 def _overlap_sweep(comm: list[tuple[float, float]], comp: list[tuple[float, float]]) -> float:
@@ -72,45 +78,31 @@ def hta_compat_for_rank(trace: RankTrace, step_filter: bool) -> HtaCompat:
     (see ``local_step_symbols``) exist, so the last profiled step is dropped. Works on event indices so
     that no per-event row objects are built.
     """
-    n = len(trace)
-    ts_col, dur_col, stream, corr = trace.ts, trace.dur, trace.stream, trace.correlation
-    rounded = trace.float_timestamps
-
-    def bounds(i: int) -> tuple[float, float]:
-        ts, end = ts_col[i], ts_col[i] + dur_col[i]
-        return (float(math.ceil(ts)), float(math.floor(end))) if rounded else (ts, end)
-
-    keep: Callable[[int], bool] | None = None
+    ts_col, dur_col, stream, corr, name_idx = trace.ts, trace.dur, trace.stream, trace.correlation, trace.name_idx
+    if trace.float_timestamps:
+        starts = [float(math.ceil(ts)) for ts in ts_col]
+        ends = [float(math.floor(ts + d)) for ts, d in zip(ts_col, dur_col, strict=True)]
+    else:
+        starts = list(ts_col)
+        ends = [ts + d for ts, d in zip(ts_col, dur_col, strict=True)]
+    on_stream = [i for i, s in enumerate(stream) if s != -1]
     if step_filter:
         symbols = local_step_symbols(trace)
-        sync_ids = {k for k, name in enumerate(trace.names) if name in _SYNC_NAMES}
-        step_ids = {k for k, name in enumerate(trace.names) if name in symbols}
-        name_idx = trace.name_idx
-
-        def is_gpu(i: int) -> bool:
-            return (stream[i] >= 0 and corr[i] >= 0) or name_idx[i] in sync_ids
-
-        step_starts = [bounds(i)[0] for i in range(n) if name_idx[i] in step_ids and not is_gpu(i)]
+        sync_name = [name in _SYNC_NAMES for name in trace.names]
+        step_name = [name in symbols for name in trace.names]
+        is_gpu = [
+            (s >= 0 and c >= 0) or sync_name[k] for s, c, k in zip(stream, corr, name_idx, strict=True)
+        ]
+        step_starts = [starts[i] for i, k in enumerate(name_idx) if step_name[k] and not is_gpu[i]]
         last_start = max(step_starts) if step_starts else math.nan
-        kept_corrs = {corr[i] for i in range(n) if not is_gpu(i) and bounds(i)[0] < last_start}
-
-        def keep(i: int) -> bool:
-            return corr[i] in kept_corrs if is_gpu(i) else bounds(i)[0] < last_start
+        kept_corrs = {c for c, g, st in zip(corr, is_gpu, starts, strict=True) if not g and st < last_start}
+        on_stream = [i for i in on_stream if (corr[i] in kept_corrs if is_gpu[i] else starts[i] < last_start)]
 
     kinds = [hta_kernel_type(name) for name in trace.names]
-    rows: list[tuple[float, float]] = []
-    comp_rows: list[tuple[float, float]] = []
-    comm_rows: list[tuple[float, float]] = []
-    for i in range(n):
-        if stream[i] == -1 or (keep is not None and not keep(i)):
-            continue
-        row = bounds(i)
-        rows.append(row)
-        kind = kinds[trace.name_idx[i]]
-        if kind == "COMPUTATION":
-            comp_rows.append(row)
-        elif kind == "COMMUNICATION":
-            comm_rows.append(row)
+    rows = [(starts[i], ends[i]) for i in on_stream]
+    comp_rows = [(starts[i], ends[i]) for i in on_stream if kinds[name_idx[i]] == "COMPUTATION"]
+    comm_rows = [(starts[i], ends[i]) for i in on_stream if kinds[name_idx[i]] == "COMMUNICATION"]
+    del starts, ends
     if not rows:
         return HtaCompat(
             applicable=False,

@@ -85,24 +85,27 @@ def _launch_stats(t: RankTrace, tl: Timeline, windows: list[Window]) -> LaunchSt
     if tl.basis != "gpu_kernels":
         return None
     runtime: dict[int, int] = {}
-    for i in range(len(t)):
-        if t.stream[i] < 0 and t.correlation[i] >= 0 and t.name(i) in LAUNCH_RUNTIME:
-            runtime.setdefault(t.correlation[i], i)
+    is_launch = [n in LAUNCH_RUNTIME for n in t.names]
+    for i, (s, c, k) in enumerate(zip(t.stream, t.correlation, t.name_idx, strict=True)):
+        if s < 0 and c >= 0 and is_launch[k] and c not in runtime:
+            runtime[c] = i
+    ts, dur, corr, item_class = t.ts, t.dur, t.correlation, tl.item_class
+    other = EventClass.other
     cpu_d: list[float] = []
     delays: list[float] = []
     short = n_gpu = lt10 = 0
     inside = _in_windows(windows)
     for g in tl.item_events:
-        if tl.item_class[g] is EventClass.other or t.ts[g] not in inside:
+        if item_class[g] is other or ts[g] not in inside:
             continue
         n_gpu += 1
-        lt10 += t.dur[g] < 10
-        r = runtime.get(t.correlation[g])
+        lt10 += dur[g] < 10
+        r = runtime.get(corr[g])
         if r is None:
             continue
-        cpu_d.append(t.dur[r])
-        delays.append(max(0.0, t.ts[g] - (t.ts[r] + t.dur[r])))
-        short += t.dur[g] < t.dur[r]
+        cpu_d.append(dur[r])
+        delays.append(max(0.0, ts[g] - (ts[r] + dur[r])))
+        short += dur[g] < dur[r]
     return LaunchStats(
         n_launches=len(cpu_d),
         cpu_launch_us_sum=round(sum(cpu_d), 3),

@@ -109,9 +109,9 @@ def _gpu_timeline(t: RankTrace) -> Timeline:
         classes[i] = cls
         parts[cls].append((ts[i], ts[i] + dur[i]))
     launch_ts: dict[int, float] = {}
-    for i in range(len(t)):
-        if stream[i] < 0 and corr[i] >= 0 and i not in classes:
-            launch_ts.setdefault(corr[i], ts[i])
+    for i, (s, c) in enumerate(zip(stream, corr, strict=True)):
+        if s < 0 and c >= 0 and c not in launch_ts:
+            launch_ts[c] = ts[i]
     gpu = sorted(i for i, c in classes.items() if c is not EventClass.other)
     by_start = sorted(gpu, key=lambda i: t.ts[i])
     tl = Timeline(
@@ -139,14 +139,19 @@ def _gpu_timeline(t: RankTrace) -> Timeline:
         return tl
     starts = [t.ts[si] for _, si in steps]
     spans: list[list[float]] = [[float("inf"), float("-inf")] for _ in steps]
+    step_ends = [starts[k] + t.dur[si] for k, (_, si) in enumerate(steps)]
     for i in gpu:
-        lt = launch_ts.get(t.correlation[i])
+        lt = launch_ts.get(corr[i])
         if lt is None:
             continue
         k = bisect.bisect_right(starts, lt) - 1
-        if k >= 0 and lt < starts[k] + t.dur[steps[k][1]]:
-            spans[k][0] = min(spans[k][0], t.ts[i])
-            spans[k][1] = max(spans[k][1], t.ts[i] + t.dur[i])
+        if k >= 0 and lt < step_ends[k]:
+            span, begin = spans[k], ts[i]
+            end = begin + dur[i]
+            if begin < span[0]:
+                span[0] = begin
+            if end > span[1]:
+                span[1] = end
     for (step, si), (lo, hi) in zip(steps, spans, strict=True):
         if hi > lo:
             tl.windows.append(Window(step, lo, hi))
