@@ -34,7 +34,7 @@ models = st.fixed_dictionaries({
 pins = st.fixed_dictionaries({}, optional={
     "tp": st.sampled_from([1, 2, 4]), "pp": st.sampled_from([1, 2]), "cp": st.sampled_from([1, 2]),
     "sharding": st.sampled_from(["ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp"]),
-    "activation_checkpointing": st.sampled_from(["none", "selective", "full"]),
+    "activation_checkpointing": st.sampled_from(["none", "selective", "op", "full"]),
     "pipeline_schedule": st.sampled_from(["gpipe", "1f1b", "interleaved"]),
     "micro_batch": st.sampled_from([1, 2]),
 })
