@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -137,8 +138,7 @@ def _checked_value(field: SortField, value: object) -> CursorValue:
 
 
 def sort_column(field: SortField) -> InstrumentedAttribute[Any] | None:
-    """The column a sort orders by before the id; None for `submitted` (the id itself). `team`
-    needs the query joined to `Team`."""
+    """The column a sort orders by before the id; None for `submitted` (the id itself)."""
     columns: dict[SortField, InstrumentedAttribute[Any]] = {
         SortField.STATUS: Job.status, SortField.TEAM: Team.name, SortField.GPUS: Job.gpus,
         SortField.NAME: Job.name, SortField.FINISHED: Job.finished_at}
@@ -156,32 +156,40 @@ def cursor_after(sort: JobSort, job: Job) -> JobCursor:
 Segment = tuple[list[ColumnElement[bool]], list[UnaryExpression[Any]]]
 
 
-def segments(sort: JobSort, cursor: JobCursor | None) -> list[Segment]:
+def segments(sort: JobSort, cursor: JobCursor | None, *,
+             teams: Sequence[tuple[int, str]] | None = None) -> list[Segment]:
     """The (conditions, order) queries that, read one after the other, give the rows after `cursor`
-    in `sort`'s order. One for every sort but `finished`, whose jobs that have not finished (NULL)
-    are read in a query of their own, so that each part is one range of one index."""
+    in `sort`'s order, each one range of one index.
+
+    One query for most sorts. `finished`: the jobs that have not finished (NULL) in a query of their
+    own. `team`: with `teams` None the list is narrowed to one team (a member's, or the team filter),
+    so the order is the id's; else `teams` are the (id, name) of the teams from the cursor's on, in
+    the sort's order, and each is one query on `(team_id, id)` (a join sorted on the team's name
+    would sort every matching job)."""
     desc = sort.descending
+    by_id: list[UnaryExpression[Any]] = [Job.id.desc() if desc else Job.id.asc()]
+    after_id: list[ColumnElement[bool]] = [] if cursor is None else [Job.id < cursor.id if desc else Job.id > cursor.id]
+    if sort.field is SortField.TEAM:
+        if teams is None:
+            return [(after_id, by_id)]
+        return [([Job.team_id == team_id, *(after_id if cursor is not None and name == cursor.value else [])], by_id)
+                for team_id, name in teams]
     column = sort_column(sort.field)
     if column is None:
-        after = [] if cursor is None else [Job.id < cursor.id if desc else Job.id > cursor.id]
-        by_id_only: list[UnaryExpression[Any]] = [Job.id.desc() if desc else Job.id.asc()]
-        return [(after, by_id_only)]
+        return [(after_id, by_id)]
     order: list[UnaryExpression[Any]] = [column.desc(), Job.id.desc()] if desc else [column.asc(), Job.id.asc()]
     if sort.field is not SortField.FINISHED:
         return [([] if cursor is None else [_row_after(column, cursor, desc)], order)]
     known: list[ColumnElement[bool]] = [column.is_not(None)]
     unknown: list[ColumnElement[bool]] = [column.is_(None)]
-    by_id: list[UnaryExpression[Any]] = [Job.id.desc() if desc else Job.id.asc()]
     if cursor is None:
         parts: list[Segment] = [(unknown, by_id), (known, order)]
         return parts if desc else parts[::-1]
     if cursor.value is None:  # ended among the unfinished jobs
-        later = [*unknown, Job.id < cursor.id if desc else Job.id > cursor.id]
-        parts = [(later, by_id), (known, order)] if desc else [(later, by_id)]
-    else:
-        later = [*known, _row_after(column, cursor, desc)]
-        parts = [(later, order)] if desc else [(later, order), (unknown, by_id)]
-    return parts
+        later = [*unknown, *after_id]
+        return [(later, by_id), (known, order)] if desc else [(later, by_id)]
+    later = [*known, _row_after(column, cursor, desc)]
+    return [(later, order)] if desc else [(later, order), (unknown, by_id)]
 
 
 def _row_after(column: InstrumentedAttribute[Any], cursor: JobCursor, desc: bool) -> ColumnElement[bool]:

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any, TypeVarTuple
 
 from sqlalchemy import Select, func, select
-from sqlalchemy.orm import Session, contains_eager, selectinload, undefer
+from sqlalchemy.orm import Session, selectinload, undefer
 
 from service.backend_options import BackendKind
 from service.planner.result import Plan
@@ -152,15 +152,24 @@ def list_jobs(session: Session, principal: Principal, filters: JobFilter, *, lim
     must be of the same sort (`JobCursor.decode` checks that)."""
     limit = max(1, min(limit, MAX_PAGE))
     stmt = _filtered(select(Job), principal, filters)
-    if sort.field is SortField.TEAM:
-        stmt = stmt.join(Team, Team.id == Job.team_id).options(contains_eager(Job.team))
+    teams = None
+    if sort.field is SortField.TEAM and principal.role == Role.ADMIN and not filters.team:
+        teams = _teams_from(session, sort, cursor)
     rows: list[Job] = []
-    for where, order in segments(sort, cursor):
+    for where, order in segments(sort, cursor, teams=teams):
         if len(rows) > limit:
             break
         rows += session.scalars(stmt.where(*where).order_by(*order).limit(limit + 1 - len(rows)))
     next_cursor = cursor_after(sort, rows[limit - 1]) if len(rows) > limit else None
     return rows[:limit], next_cursor
+
+
+def _teams_from(session: Session, sort: JobSort, cursor: JobCursor | None) -> list[tuple[int, str]]:
+    """(id, name) of every team in `sort`'s order of names, from the cursor's team on."""
+    stmt = select(Team.id, Team.name).order_by(Team.name.desc() if sort.descending else Team.name.asc())
+    if cursor is not None and isinstance(cursor.value, str):
+        stmt = stmt.where(Team.name <= cursor.value if sort.descending else Team.name >= cursor.value)
+    return [(int(team_id), str(name)) for team_id, name in session.execute(stmt)]
 
 
 def jobs_after(session: Session, principal: Principal, filters: JobFilter, after_id: int, *,

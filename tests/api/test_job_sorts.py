@@ -100,7 +100,7 @@ def test_sorts_with_filters_and_a_member_see_only_their_rows(env: Env, admin: di
     assert [i for p in pages(env, admin, "-gpus", 2, status="QUEUED") for i in p] == expected(queued, "-gpus")
     member = env.headers(env.token("member", team="vision"))
     vision = [r for r in jobs if r["team"] == "vision"]
-    for sort in ("gpus", "-name", "finished"):
+    for sort in ("gpus", "-name", "finished", "-team"):
         assert [i for p in pages(env, member, sort, 2) for i in p] == expected(vision, sort), sort
 
 
