@@ -38,7 +38,7 @@ from typing import Any
 
 from pydantic import SecretStr
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session, aliased, sessionmaker
+from sqlalchemy.orm import Session, aliased, selectinload, sessionmaker
 
 from service.failures import OUT_OF_MEMORY, measured_oom
 from service.jobenv import JobEnv
@@ -69,6 +69,7 @@ from workers.backends.base import (
     runtime_command,
 )
 from workers.queue_view import QueueViewWriter
+from workers.steady import TrackedRow, changes_store
 
 log = logging.getLogger("shardctl.dispatcher")
 LaunchPreview = Callable[[TrainingSpec, Plan], dict[str, Any] | None]
@@ -83,6 +84,8 @@ def failpoint(name: str) -> None:
 S = JobStatus
 TRACKED = (S.PENDING, S.RUNNING, S.CANCELLING)
 MISSING_GRACE = timedelta(seconds=60)
+#: jobs whose observations one transaction writes (`Dispatcher.apply_many`)
+APPLY_CHUNK = 200
 
 
 @dataclass
@@ -403,86 +406,149 @@ class Dispatcher:
     # -- reconciliation ------------------------------------------------------------------------
 
     def reconcile(self, report: CycleReport) -> None:
-        older = aliased(Attempt)
-        latest = select(func.max(older.number)).where(older.job_id == Job.id).correlate(Job).scalar_subquery()
-        with self.sessions.begin() as session:
-            rows = session.execute(
-                select(Job.id, Job.backend, Job.status, Attempt.number, Attempt.backend_name, Attempt.backend_id,
-                       Attempt.id, Attempt.failure, Attempt.finished_at)
-                .join(Attempt, Attempt.job_id == Job.id)
-                .where(Job.status.in_(TRACKED), Attempt.number == latest)).all()
-        by_backend: dict[str, list[tuple[int, JobStatus, int, Handle]]] = defaultdict(list)
+        """One read of every tracked job's current attempt, one `poll` per backend, and writes only for
+        the jobs whose observation changes the store (`workers.steady.changes_store`), `APPLY_CHUNK` jobs
+        per transaction (`apply_many`)."""
+        rows = self._tracked()
+        by_backend: dict[str, list[TrackedRow]] = defaultdict(list)
         marked: dict[str, list[tuple[int, Handle]]] = defaultdict(list)
-        for job_id, kind, status, number, name, backend_id, attempt_id, failure, finished_at in rows:
-            handle = Handle(name=name, backend_id=backend_id)
-            by_backend[kind].append((job_id, status, number, handle))
-            if failure == FailureClass.PREEMPTED and finished_at is None and status != S.CANCELLING:
-                marked[kind].append((attempt_id, handle))
+        for row in rows:
+            by_backend[row.backend].append(row)
+            if row.marked_preempted and row.status != S.CANCELLING:
+                marked[row.backend].append((row.attempt_id, row.handle))
+        changed: list[tuple[int, int, Observation]] = []
         for backend_name, items in by_backend.items():
             backend = self.backends.get(backend_name)
             if backend is None:
                 continue
-            for _, status, _, handle in items:
-                if status == S.CANCELLING:
+            for row in items:
+                if row.status == S.CANCELLING:
                     with contextlib.suppress(BackendUnavailable, TransientBackendError):  # again next cycle
-                        backend.cancel(handle)
+                        backend.cancel(row.handle)
             self._resend_notices(backend, marked.get(backend_name, []))
             try:
-                observed = backend.poll([h for _, _, _, h in items])
+                observed = backend.poll([row.handle for row in items])
             except BackendUnavailable:
                 report.unreachable.append(backend_name)
                 continue
             except TransientBackendError as exc:  # answered but busy: unknown for now, like an outage
                 log.warning("%s could not be polled this cycle: %s", backend_name, exc)
                 continue
-            for job_id, _, number, handle in items:
-                obs = observed.get(handle.name)
-                if obs is not None:
-                    report.transitions += self.apply(job_id, number, obs)
+            now = utcnow()
+            for row in items:
+                obs = observed.get(row.handle.name)
+                if obs is not None and changes_store(row, obs, now=now, missing_grace=MISSING_GRACE,
+                                                     pending_memo=self._backend_pending):
+                    changed.append((row.job_id, row.number, obs))
+        for lo in range(0, len(changed), APPLY_CHUNK):
+            report.transitions += self.apply_many(changed[lo:lo + APPLY_CHUNK])
+
+    def _tracked(self) -> list[TrackedRow]:
+        """Every tracked job with its current attempt, in one query."""
+        older, same = aliased(Attempt), aliased(Attempt)
+        latest = select(func.max(older.number)).where(older.job_id == Job.id).correlate(Job).scalar_subquery()
+        runs = (select(func.count(same.id)).where(same.job_id == Job.id, same.backend_id == Attempt.backend_id)
+                .correlate(Job, Attempt).scalar_subquery())
+        with self.sessions.begin() as session:
+            result = session.execute(
+                select(Job.id, Job.backend, Job.status, Attempt.number, Attempt.backend_name, Attempt.backend_id,
+                       Attempt.id, Attempt.failure, Attempt.finished_at, Attempt.started_at, Attempt.created_at,
+                       Attempt.nodes, runs)
+                .join(Attempt, Attempt.job_id == Job.id)
+                .where(Job.status.in_(TRACKED), Attempt.number == latest)).all()
+        return [TrackedRow(job_id=job_id, backend=kind, status=status, number=number,
+                           handle=Handle(name=name, backend_id=backend_id), attempt_id=attempt_id, failure=failure,
+                           finished_at=finished_at, started_at=started_at, created_at=created_at, nodes=nodes,
+                           runs=int(n_runs or 1))
+                for (job_id, kind, status, number, name, backend_id, attempt_id, failure, finished_at, started_at,
+                     created_at, nodes, n_runs) in result]
 
     def apply(self, job_id: int, number: int, obs: Observation) -> int:
         """Write what the backend observed as transitions of the job and its attempt; return how many."""
-        with self.sessions.begin() as session:
-            job = session.get(Job, job_id, with_for_update=self._postgres)
-            if job is None or job.status not in TRACKED or not job.attempts or job.attempts[-1].number != number:
-                return 0
-            attempt = job.attempts[-1]
-            status = job.status
-            attempt = self._record_requeues(session, job, attempt, obs)
-            if obs.state == RunState.RUNNING and attempt.started_at is None:  # usage counts from here
-                attempt.started_at = utcnow()
-            obs = self._preempted_end(attempt, obs)
-            if obs.state == RunState.PENDING and status == S.PENDING:
-                self._note_backend_pending(session, job, attempt, obs)
-            if obs.nodes and attempt.nodes != obs.nodes:
-                attempt.nodes = obs.nodes
-            if obs.state == RunState.RUNNING and status == S.PENDING:
-                attempt.status = AttemptStatus.RUNNING
-                transition(session, job, S.RUNNING, actor=self.actor, message=f"running on {', '.join(obs.nodes)}",
-                           data={"nodes": obs.nodes})
-            elif obs.state == RunState.SUCCEEDED:
-                self._finish(attempt, obs)
-                transition(session, job, S.SUCCEEDED, actor=self.actor, message="finished",
-                           data={"exit_code": obs.exit_code})
-            elif obs.state == RunState.CANCELLED:
-                self._finish(attempt, obs)
-                if status != S.CANCELLING:
-                    transition(session, job, S.CANCELLING, actor=self.actor, message="cancelled on the backend")
-                transition(session, job, S.CANCELLED, actor=self.actor, message="cancelled on the backend too")
-            elif obs.state == RunState.FAILED:
-                self._finish(attempt, obs)
-                self._failed(session, job, status, obs)
-            elif obs.state == RunState.MISSING and status == S.CANCELLING:
-                self._finish(attempt, obs.model_copy(update={"failure": FailureClass.CANCELLED}))
-                transition(session, job, S.CANCELLED, actor=self.actor, message="gone from the backend after cancel")
-            elif obs.state == RunState.MISSING and utcnow() - as_utc(attempt.created_at) > MISSING_GRACE:
-                obs = obs.model_copy(update={"failure": FailureClass.LOST,
-                                             "reason": "the backend no longer knows this submission"})
-                self._finish(attempt, obs)
-                self._failed(session, job, status, obs)
-            if job.status != S.PENDING:
-                self._backend_pending.pop(job_id, None)
-            return int(job.status != status)
+        return self.apply_many([(job_id, number, obs)])
+
+    def apply_many(self, observed: list[tuple[int, int, Observation]]) -> int:
+        """`apply` for several jobs in one transaction: their rows are locked in id order (replicas never
+        deadlock) and read with their attempts in two queries. A crash before the commit leaves all of
+        them as they were, and the next cycle observes them again. Should one job's write fail, the
+        chunk is rolled back and each job is applied in its own transaction, so one bad row does not hold
+        back the others. Returns the number of jobs whose status changed."""
+        if len(observed) > 1:
+            try:
+                return self._apply_in_one_transaction(observed)
+            except Exception:
+                log.exception("applying %d observations together failed; applying them one by one", len(observed))
+        changed = 0
+        for item in observed:
+            try:
+                changed += self._apply_in_one_transaction([item])
+            except Exception:
+                if len(observed) == 1:
+                    raise
+                log.exception("job %d: applying its observation failed", item[0], extra={"job_id": item[0]})
+        return changed
+
+    def _apply_in_one_transaction(self, observed: list[tuple[int, int, Observation]]) -> int:
+        ids = sorted({job_id for job_id, _, _ in observed})
+        remembered = {job_id: self._backend_pending.get(job_id) for job_id in ids}
+        try:
+            with self.sessions.begin() as session:
+                stmt = select(Job).where(Job.id.in_(ids)).order_by(Job.id).options(selectinload(Job.attempts))
+                if self._postgres:
+                    stmt = stmt.with_for_update(of=Job)
+                jobs = {job.id: job for job in session.scalars(stmt)}
+                return sum(self._apply_loaded(session, jobs.get(job_id), number, obs)
+                           for job_id, number, obs in observed)
+        except BaseException:  # nothing was recorded: neither may this dispatcher's memory of it be
+            for job_id, value in remembered.items():
+                if value is None:
+                    self._backend_pending.pop(job_id, None)
+                else:
+                    self._backend_pending[job_id] = value
+            raise
+
+    def _apply_loaded(self, session: Session, job: Job | None, number: int, obs: Observation) -> int:
+        """`apply` on a job read (and locked) in `session`."""
+        if job is None or job.status not in TRACKED or not job.attempts or job.attempts[-1].number != number:
+            return 0
+        job_id = job.id
+        attempt = job.attempts[-1]
+        status = job.status
+        attempt = self._record_requeues(session, job, attempt, obs)
+        if obs.state == RunState.RUNNING and attempt.started_at is None:  # usage counts from here
+            attempt.started_at = utcnow()
+        obs = self._preempted_end(attempt, obs)
+        if obs.state == RunState.PENDING and status == S.PENDING:
+            self._note_backend_pending(session, job, attempt, obs)
+        if obs.nodes and attempt.nodes != obs.nodes:
+            attempt.nodes = obs.nodes
+        if obs.state == RunState.RUNNING and status == S.PENDING:
+            attempt.status = AttemptStatus.RUNNING
+            transition(session, job, S.RUNNING, actor=self.actor, message=f"running on {', '.join(obs.nodes)}",
+                       data={"nodes": obs.nodes})
+        elif obs.state == RunState.SUCCEEDED:
+            self._finish(attempt, obs)
+            transition(session, job, S.SUCCEEDED, actor=self.actor, message="finished",
+                       data={"exit_code": obs.exit_code})
+        elif obs.state == RunState.CANCELLED:
+            self._finish(attempt, obs)
+            if status != S.CANCELLING:
+                transition(session, job, S.CANCELLING, actor=self.actor, message="cancelled on the backend")
+            transition(session, job, S.CANCELLED, actor=self.actor, message="cancelled on the backend too")
+        elif obs.state == RunState.FAILED:
+            self._finish(attempt, obs)
+            self._failed(session, job, status, obs)
+        elif obs.state == RunState.MISSING and status == S.CANCELLING:
+            self._finish(attempt, obs.model_copy(update={"failure": FailureClass.CANCELLED}))
+            transition(session, job, S.CANCELLED, actor=self.actor, message="gone from the backend after cancel")
+        elif obs.state == RunState.MISSING and utcnow() - as_utc(attempt.created_at) > MISSING_GRACE:
+            obs = obs.model_copy(update={"failure": FailureClass.LOST,
+                                         "reason": "the backend no longer knows this submission"})
+            self._finish(attempt, obs)
+            self._failed(session, job, status, obs)
+        if job.status != S.PENDING:
+            self._backend_pending.pop(job_id, None)
+        return int(job.status != status)
 
     def _note_backend_pending(self, session: Session, job: Job, attempt: Attempt, obs: Observation) -> None:
         """Append `job.backend_pending` (data: reason, expected_start, attempt) when the backend's own

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from functools import lru_cache
 
 _GROUP = re.compile(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*")
 _PART = re.compile(r"([^\[]*)(?:\[([^\]]*)\])?")
@@ -14,8 +15,13 @@ def expand_nodelist(nodelist: str) -> list[str]:
 
     `None assigned` (a job that never got nodes) and the empty string give `[]`.
     """
+    return list(_expanded(nodelist))
+
+
+@lru_cache(maxsize=8192)  # a cycle sees the same few lists for thousands of jobs (sacct and squeue each)
+def _expanded(nodelist: str) -> tuple[str, ...]:
     if not nodelist or nodelist.startswith("None"):
-        return []
+        return ()
     hosts: list[str] = []
     for group in _GROUP.findall(nodelist):
         prefixes = [""]
@@ -31,7 +37,7 @@ def expand_nodelist(nodelist: str) -> list[str]:
                         suffixes.append(part)
                 prefixes = [p + s for p in prefixes for s in suffixes]
         hosts += prefixes
-    return hosts
+    return tuple(hosts)
 
 
 def fuller(accounted: str, current: str) -> str:
