@@ -17,7 +17,9 @@ events that rounding gave a negative duration).
 from __future__ import annotations
 
 import math
-from operator import itemgetter
+
+import numpy as np
+import numpy.typing as npt
 
 from service.profiles.classify import hta_kernel_type
 from service.profiles.events import RankTrace
@@ -32,38 +34,40 @@ def np_round(x: float, decimals: int = 2) -> float:
     return round(x * scale) / scale
 
 
-def _hta_merge(rows: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """``hta.utils.utils.merge_kernel_intervals`` on (ts, end) rows."""
-    if not rows:
-        return []
-    rows = sorted(rows, key=itemgetter(0))
-    out: list[tuple[float, float]] = []
-    start, end_max = rows[0]
-    cummax = end_max
-    for ts, end in rows[1:]:
-        if ts > cummax:
-            out.append((start, end_max))
-            start, end_max = ts, end
-        elif end > end_max:
-            end_max = end
-        if end > cummax:
-            cummax = end
-    out.append((start, end_max))
-    return out
+FloatArray = npt.NDArray[np.float64]
 
 
-def _overlap_sweep(comm: list[tuple[float, float]], comp: list[tuple[float, float]]) -> float:
+def _hta_merge(starts: FloatArray, ends: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """``hta.utils.utils.merge_kernel_intervals`` on rows in file order: a stable sort by start; a row
+    opens a new interval when it starts after every earlier row's end."""
+    if len(starts) == 0:
+        return starts, ends
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    opens = np.empty(len(s), dtype=bool)
+    opens[0] = True
+    np.greater(s[1:], np.maximum.accumulate(e)[:-1], out=opens[1:])
+    first = np.flatnonzero(opens)
+    return s[first], np.maximum.reduceat(e, first)
+
+
+def _sum_in_order(values: FloatArray) -> float:
+    """Python's ``sum`` of floats, left to right (numpy's ``sum`` adds pairwise, which rounds differently)."""
+    return float(np.add.accumulate(values)[-1]) if len(values) else 0.0
+
+
+def _overlap_sweep(comm: tuple[FloatArray, FloatArray], comp: tuple[FloatArray, FloatArray]) -> float:
     """HTA's status sweep: total time during which the running status equals 3 (comm + comp)."""
-    points = [(t, d) for s, e in comm for t, d in ((s, 1), (e, -1))]
-    points += [(t, d) for s, e in comp for t, d in ((s, 2), (e, -2))]
-    points.sort(key=lambda p: p[0])
-    running = 0
-    total = 0.0
-    for k, (t, d) in enumerate(points):
-        running += d
-        if running == 3 and k + 1 < len(points):
-            total += points[k + 1][0] - t
-    return total
+    n_comm, n_comp = 2 * len(comm[0]), 2 * len(comp[0])
+    times = np.empty(n_comm + n_comp)
+    steps = np.empty(n_comm + n_comp, dtype=np.int64)
+    times[0:n_comm:2], times[1:n_comm:2] = comm
+    times[n_comm::2], times[n_comm + 1 :: 2] = comp
+    steps[0:n_comm:2], steps[1:n_comm:2], steps[n_comm::2], steps[n_comm + 1 :: 2] = 1, -1, 2, -2
+    order = np.argsort(times, kind="stable")
+    times = times[order]
+    both = np.cumsum(steps[order])[:-1] == 3
+    return _sum_in_order(times[1:][both] - times[:-1][both])
 
 
 def local_step_symbols(trace: RankTrace) -> set[str]:
@@ -78,50 +82,47 @@ def hta_compat_for_rank(trace: RankTrace, step_filter: bool) -> HtaCompat:
     (see ``local_step_symbols``) exist, so the last profiled step is dropped. Works on event indices so
     that no per-event row objects are built.
     """
-    ts_col, dur_col, stream, corr, name_idx = trace.ts, trace.dur, trace.stream, trace.correlation, trace.name_idx
+    ts = np.frombuffer(trace.ts, dtype=np.float64)
+    dur = np.frombuffer(trace.dur, dtype=np.float64)
+    stream = np.frombuffer(trace.stream, dtype=np.longlong)
+    corr = np.frombuffer(trace.correlation, dtype=np.longlong)
+    name_idx = np.frombuffer(trace.name_idx, dtype=np.intc)
     if trace.float_timestamps:
-        starts = [float(math.ceil(ts)) for ts in ts_col]
-        ends = [float(math.floor(ts + d)) for ts, d in zip(ts_col, dur_col, strict=True)]
+        starts, ends = np.ceil(ts), np.floor(ts + dur)
     else:
-        starts = list(ts_col)
-        ends = [ts + d for ts, d in zip(ts_col, dur_col, strict=True)]
-    on_stream = [i for i, s in enumerate(stream) if s != -1]
+        starts, ends = ts.copy(), ts + dur
+    keep = stream != -1
     if step_filter:
         symbols = local_step_symbols(trace)
-        sync_name = [name in _SYNC_NAMES for name in trace.names]
-        step_name = [name in symbols for name in trace.names]
-        is_gpu = [
-            (s >= 0 and c >= 0) or sync_name[k] for s, c, k in zip(stream, corr, name_idx, strict=True)
-        ]
-        step_starts = [starts[i] for i, k in enumerate(name_idx) if step_name[k] and not is_gpu[i]]
-        last_start = max(step_starts) if step_starts else math.nan
-        kept_corrs = {c for c, g, st in zip(corr, is_gpu, starts, strict=True) if not g and st < last_start}
-        on_stream = [i for i in on_stream if (corr[i] in kept_corrs if is_gpu[i] else starts[i] < last_start)]
-
-    kinds = [hta_kernel_type(name) for name in trace.names]
-    rows = [(starts[i], ends[i]) for i in on_stream]
-    comp_rows = [(starts[i], ends[i]) for i in on_stream if kinds[name_idx[i]] == "COMPUTATION"]
-    comm_rows = [(starts[i], ends[i]) for i in on_stream if kinds[name_idx[i]] == "COMMUNICATION"]
-    del starts, ends
-    if not rows:
+        sync_name = np.array([name in _SYNC_NAMES for name in trace.names])
+        step_name = np.array([name in symbols for name in trace.names])
+        is_gpu = ((stream >= 0) & (corr >= 0)) | sync_name[name_idx]
+        step_starts = starts[step_name[name_idx] & ~is_gpu]
+        last_start = float(step_starts.max()) if len(step_starts) else math.nan
+        before_last = starts < last_start
+        kept_corrs = np.unique(corr[~is_gpu & before_last])
+        keep &= np.where(is_gpu, np.isin(corr, kept_corrs), before_last)
+    kinds = np.array([hta_kernel_type(name) for name in trace.names])
+    comp_rows = keep & (kinds[name_idx] == "COMPUTATION")
+    comm_rows = keep & (kinds[name_idx] == "COMMUNICATION")
+    if not keep.any():
         return HtaCompat(
             applicable=False,
             last_step_dropped=step_filter,
             note="no events with a GPU stream (CPU-only trace): HTA's breakdown is undefined here",
         )
-    merged = _hta_merge(rows)
-    del rows
-    kernel_time = merged[-1][1] - merged[0][0]
+    merged_starts, merged_ends = _hta_merge(starts[keep], ends[keep])
+    kernel_time = float(merged_ends[-1] - merged_starts[0])
     # HTA sums starts and ends separately, after shifting time so that the earliest event is at 0,
     # which keeps its sums exact. Summed unshifted (trace timestamps are ~1e12-1e15 us), float sums
     # lose whole microseconds past 2**53; summing each interval's length gives HTA's exact result.
-    run_time = sum(e - s for s, e in merged)
+    run_time = _sum_in_order(merged_ends - merged_starts)
     idle = kernel_time - run_time
-    comp = _hta_merge(comp_rows)
-    comm = _hta_merge(comm_rows)
-    compute = sum(e - s for s, e in comp)
+    comp = _hta_merge(starts[comp_rows], ends[comp_rows])
+    comm = _hta_merge(starts[comm_rows], ends[comm_rows])
+    compute = _sum_in_order(comp[1] - comp[0])
     non_compute = kernel_time - compute - idle
-    comm_total = sum(e - s for s, e in comm)
+    comm_total = _sum_in_order(comm[1] - comm[0])
     overlap_pct = np_round(100 * (_overlap_sweep(comm, comp) / comm_total), 2) if comm_total else None
 
     def pct(x: float) -> float | None:

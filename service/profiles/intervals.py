@@ -28,12 +28,15 @@ def measure(u: Union) -> float:
 def intersect(a: Union, b: Union) -> Union:
     out: Union = []
     i = j = 0
-    while i < len(a) and j < len(b):
-        s = max(a[i][0], b[j][0])
-        e = min(a[i][1], b[j][1])
+    na, nb = len(a), len(b)
+    while i < na and j < nb:
+        a0, a1 = a[i]
+        b0, b1 = b[j]
+        s = a0 if a0 > b0 else b0
+        e = a1 if a1 < b1 else b1
         if s < e:
             out.append((s, e))
-        if a[i][1] < b[j][1]:
+        if a1 < b1:
             i += 1
         else:
             j += 1

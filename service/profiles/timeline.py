@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import re
+from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -50,8 +51,8 @@ class Timeline:
     steps_present: list[int]
     item_events: list[int]
     item_class: dict[int, EventClass]
-    gpu_starts: list[float] = field(default_factory=list)
-    gpu_launch_ts: list[float] = field(default_factory=list)
+    gpu_starts: array[float] = field(default_factory=lambda: array("d"))
+    gpu_launch_ts: array[float] = field(default_factory=lambda: array("d"))
     warnings: list[str] = field(default_factory=list)
 
 
@@ -125,8 +126,8 @@ def _gpu_timeline(t: RankTrace) -> Timeline:
         steps_present=[],
         item_events=sorted(classes),
         item_class=classes,
-        gpu_starts=[t.ts[i] for i in by_start],
-        gpu_launch_ts=[launch_ts.get(t.correlation[i], float("-inf")) for i in by_start],
+        gpu_starts=array("d", [t.ts[i] for i in by_start]),
+        gpu_launch_ts=array("d", [launch_ts.get(t.correlation[i], float("-inf")) for i in by_start]),
     )
     if not tl.comm and t.meta.get("distributedInfo", {}).get("backend") == "nccl":
         tl.warnings.append("backend is nccl but no communication kernels were recognised")
