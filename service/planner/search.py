@@ -14,9 +14,11 @@ applies too) are built. Ranking, risk-aware (`choose`):
    parallel dimensions, DDP before ZeRO before FSDP, less recompute), then the faster, then the
    one using less memory.
 
-Variants that are slower by construction are skipped and counted as `dominated`: more offload
-than a variant of the same layout that already fits, GPipe next to 1F1B (same bubble, more
-memory), and sequence parallelism off next to on (same traffic, more memory).
+Variants that are slower by construction are skipped and counted as `dominated`: more offload or
+more recompute than a variant of the same layout that already fits leaving `Context.min_free`
+free (one that fits without that room does not dominate: more recompute or offload may buy it),
+GPipe next to 1F1B (same bubble, more memory), and sequence parallelism off next to on (same
+traffic, more memory).
 """
 
 from __future__ import annotations
@@ -542,7 +544,9 @@ def search(ctx: Context, pins: LayoutPins | None = None, *, timed: bool = True,
                     any_fit_at_b = False
                     for schedule, v in schedules:
                         # Checkpointing only grows in this loop and offload in the one inside it, so a variant
-                        # is dominated once a variant with no more offload has fitted at this schedule.
+                        # is dominated once a variant with no more offload has fitted at this schedule leaving
+                        # `min_free` free: it is as fast or faster and in as good a tier. One that fits without
+                        # that room does not dominate: more recompute or offload may buy the headroom.
                         least_fitted_offload = len(OFFLOAD_RANK)
                         for ckpt in ckpts:
                             akey = (tp, cp, pp, sp, b, m, schedule, v, ckpt)
@@ -575,7 +579,8 @@ def search(ctx: Context, pins: LayoutPins | None = None, *, timed: bool = True,
                                             micro_batch=b, grad_accum_steps=m, activation_checkpointing=ckpt,
                                             pipeline_schedule=schedule, virtual_stages=v, offload=off))
                                     continue
-                                least_fitted_offload = OFFLOAD_RANK[off]
+                                if total <= roomy:
+                                    least_fitted_offload = OFFLOAD_RANK[off]
                                 any_fit_at_b = True
                                 result.fitting += 1
                                 if stop_at_first_fit:

@@ -132,7 +132,8 @@ def test_when_calibrated_memory_fits_nowhere_the_plan_says_so_with_the_calibrate
     spec = make_spec(model={"preset": "llama-2-7b"}, resources={"gpus_per_node": 1})
     bare = plan(spec)
     assert bare.fits
-    planned = plan(spec, calibration=fit(runs(family(bare.layout), memory=1.3)))
+    # 1.5: at 1.3, full checkpointing at micro-batch 2 still fits (78 of 80 GiB calibrated).
+    planned = plan(spec, calibration=fit(runs(family(bare.layout), memory=1.5)))
     assert not planned.fits
     assert any("per GPU calibrated" in reason for reason in planned.reasons)
     assert planned.min_gpus_to_fit is None  # the model's own count (1) would contradict the verdict
