@@ -148,8 +148,8 @@ def _warnings(ctx: Context, cand: Candidate) -> list[str]:
     if t is not None and t.bubble_s > 0.2 * t.step_s:
         out.append(f"the pipeline bubble is {t.bubble_s / t.step_s:.0%} of the step; more micro-batches or"
                    " an interleaved schedule would shrink it")
-    if cand.fits and cand.mem.total > ctx.roomy:
-        out.append(f"only {1 - cand.mem.total / cl.memory_bytes_per_gpu:.0%} of GPU memory free, under the"
+    if cand.fits and cand.total > ctx.roomy:  # cand.total: calibrated when a calibration applied
+        out.append(f"only {1 - cand.total / cl.memory_bytes_per_gpu:.0%} of GPU memory free, under the"
                    f" {ctx.min_free:.0%} minimum: variable shapes or fragmentation may still run out")
     for problem in layout_problems(lay, precision=ctx.precision, attention=ctx.attention, shape=ctx.shape):
         out.append(f"{problem}: shardctl's runtime refuses this layout (plan() never returns it)")

@@ -126,6 +126,8 @@ def test_memory_measured_lower_lets_a_faster_layout_fit() -> None:
     assert use is not None and use.memory_factor == pytest.approx(0.8)
     assert use.memory_total == pytest.approx(0.8 * planned.memory.total, rel=1e-6)
     assert use.memory_total <= planned.memory.gpu_memory
+    # Its warnings speak of the calibrated bytes: no "only -12% of GPU memory free".
+    assert not any("% of GPU memory free" in w and "-" in w.split("%")[0] for w in planned.warnings)
 
 
 def test_when_calibrated_memory_fits_nowhere_the_plan_says_so_with_the_calibrated_bytes() -> None:
