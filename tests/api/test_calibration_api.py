@@ -4,6 +4,7 @@ submissions use them from the minimum on, and each job shows its own prediction 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -157,3 +158,26 @@ def test_calibrate_and_show_print_the_factors_and_the_jobs_error(
     code, out = admin_cli("show", str(job_id))
     assert code == 0, out
     assert "Prediction error: step time +20.0%" in out and "peak memory +10.0%" in out
+
+
+def test_replicas_reading_at_once_count_each_report_once(env: Env, admin: dict[str, str]) -> None:
+    for i in range(12):
+        finish(env, admin, f"run-{i}", step=1.1, memory=1.0)
+    sessions = env.app.state.sessions
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            with sessions.begin() as session:
+                store_calibration.current(session)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=read) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    [group] = calibration(env, admin)["groups"]
+    assert group["runs"] == 12
