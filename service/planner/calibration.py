@@ -146,20 +146,30 @@ def scale_time(t: StepTime, factor: float) -> StepTime:
                                optimizer_s=t.optimizer_s * factor, offload_s=t.offload_s * factor)
 
 
-def search_context(ctx: Context, calibration: Calibration) -> Context:
-    """`ctx` with the memory limit to search under, so that every layout that fits once calibrated
-    is found: the GPU's limit divided by the smallest memory factor below 1 in use on this GPU kind
-    (`apply` then holds each layout to the GPU's own limit)."""
+def _with_limit(ctx: Context, limit: float) -> Context:
+    moved = dataclasses.replace(ctx)
+    # Context derives its limits from the cluster in __post_init__; only the search's copy moves.
+    object.__setattr__(moved, "limit", int(limit))
+    object.__setattr__(moved, "roomy", ctx.roomy * limit / ctx.limit)
+    return moved
+
+
+def search_contexts(ctx: Context, calibration: Calibration) -> list[Context]:
+    """The contexts to search under so that calibration's choice is among the layouts found.
+
+    First the GPU's limit divided by the smallest memory factor below 1 in use on this GPU kind:
+    every layout that fits once calibrated is evaluated. The search's own bounds (a fitting
+    sibling makes more offload "dominated"; the timing bound) then work on the model's figures,
+    so when a factor above 1 is in use a second search runs under the limit divided by the largest:
+    what it finds fits once calibrated whatever the family, so a fit the first search's bounds hid
+    is still found. `apply` holds every layout to the GPU's own limit."""
     factors = [g.memory.value for g in calibration.used_for(ctx.cluster.gpu.name)
                if g.memory is not None and g.memory.runs >= calibration.min_runs]
-    loosest = min([1.0, *factors])
-    if loosest >= 1.0:
-        return ctx
-    wider = dataclasses.replace(ctx)
-    # Context derives its limits from the cluster in __post_init__; only the search's copy is widened.
-    object.__setattr__(wider, "limit", int(ctx.limit / loosest))
-    object.__setattr__(wider, "roomy", ctx.roomy / loosest)
-    return wider
+    loosest, tightest = min([1.0, *factors]), max([1.0, *factors])
+    out = [ctx if loosest >= 1.0 else _with_limit(ctx, ctx.limit / loosest)]
+    if tightest > 1.0:
+        out.append(_with_limit(ctx, ctx.limit / tightest))
+    return out
 
 
 def calibrate_candidate(ctx: Context, cand: Candidate, calibration: Calibration) -> Candidate:
@@ -174,21 +184,29 @@ def calibrate_candidate(ctx: Context, cand: Candidate, calibration: Calibration)
                      built=cand.built, tier=ctx.tier(cand.layout, total) if fits else 0)
 
 
-def apply(ctx: Context, result: SearchResult, calibration: Calibration) -> SearchResult:
-    """The search's fitting layouts re-ranked under calibration (`choose` again).
+def apply(ctx: Context, results: list[SearchResult], calibration: Calibration) -> SearchResult:
+    """The searches' fitting layouts re-ranked under calibration (`choose` again).
 
-    `result` comes from a search under `search_limit`; layouts over the GPU's limit once calibrated
-    count as out of memory, and when none is left the one closest to fitting is `closest`.
-    The search's timing bound (`PRUNE_FACTOR`) worked on the model's own times: a family made much
-    faster by calibration may have gone untimed."""
+    `results` come from searches under `search_contexts` (the first one's counters are kept, the
+    others add the layouts it did not time); layouts over the GPU's limit once calibrated count as
+    out of memory, and when none is left the one closest to fitting is `closest`. The search's
+    timing bound (`PRUNE_FACTOR`) worked on the model's own times: a family made much faster by
+    calibration may have gone untimed."""
+    result = results[0]
+    timed = list(result.timed)
+    seen = {c.layout for c in timed}
+    for extra in results[1:]:
+        timed += [c for c in extra.timed if c.layout not in seen]
+        seen.update(c.layout for c in extra.timed)
     out = SearchResult(
         closest=result.closest, closest_ratio=result.closest_ratio, invalid=result.invalid,
         out_of_memory=result.out_of_memory, dominated=result.dominated, fitting=result.fitting,
         pruned=result.pruned, pruned_dimensions=set(result.pruned_dimensions),
         gap_dimensions=set(result.gap_dimensions), evaluated=result.evaluated,
         invalid_reasons=dict(result.invalid_reasons))
+    out.fitting += len(timed) - len(result.timed)
     over: list[Candidate] = []
-    for cand in result.timed:
+    for cand in timed:
         cal = calibrate_candidate(ctx, cand, calibration)
         if not cal.fits:
             out.out_of_memory += 1
@@ -304,4 +322,4 @@ def prediction_error(report: ReportedRun, *, calibrated: bool = False,
 
 __all__ = ["DEFAULT_MIN_RUNS", "DEFAULT_WINDOW", "Calibration", "Factor", "GroupCalibration", "PredictionError",
            "ReportedRun", "Sample", "apply", "calibrate_candidate", "family", "fit", "prediction_error", "sample_of",
-           "scale_time", "search_context"]
+           "scale_time", "search_contexts"]

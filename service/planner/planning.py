@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from service.planner.budget import Deadline
-from service.planner.calibration import Calibration, calibrate_candidate, family, scale_time, search_context
+from service.planner.calibration import Calibration, calibrate_candidate, family, scale_time, search_contexts
 from service.planner.calibration import apply as apply_calibration
 from service.planner.errors import FieldProblem, InvalidSpec
 from service.planner.explain import gib, memory_sentence, plural, rubric, simpler_words, why_slower
@@ -62,7 +62,8 @@ def plan(spec: TrainingSpec, *, deadline: Deadline | None = None,
     if calibration is None:
         result = search(ctx, deadline=deadline)
     else:
-        result = apply_calibration(ctx, search(search_context(ctx, calibration), deadline=deadline), calibration)
+        result = apply_calibration(ctx, [search(c, deadline=deadline) for c in search_contexts(ctx, calibration)],
+                                   calibration)
     if result.best is not None:
         return _assemble(ctx, result.best, result, calibration=calibration)
     reasons = _no_fit_reasons(ctx, result)
