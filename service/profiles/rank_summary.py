@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import numpy as np
+
 from service.profiles.classify import LAUNCH_RUNTIME, MEMORY_BOUND_PROXY, EventClass, short_name, subcategory
 from service.profiles.collectives import Instance, summarize
 from service.profiles.events import RankTrace
@@ -84,11 +86,14 @@ def _top_items(
 def _launch_stats(t: RankTrace, tl: Timeline, windows: list[Window]) -> LaunchStats | None:
     if tl.basis != "gpu_kernels":
         return None
-    runtime: dict[int, int] = {}
-    is_launch = [n in LAUNCH_RUNTIME for n in t.names]
-    for i, (s, c, k) in enumerate(zip(t.stream, t.correlation, t.name_idx, strict=True)):
-        if s < 0 and c >= 0 and is_launch[k] and c not in runtime:
-            runtime[c] = i
+    # each correlation id's first CPU-side launch call (cudaLaunchKernel...)
+    stream = np.frombuffer(t.stream, dtype=np.longlong)
+    corr_ids = np.frombuffer(t.correlation, dtype=np.longlong)
+    is_launch = np.array([n in LAUNCH_RUNTIME for n in t.names], dtype=bool)
+    calls = np.flatnonzero((stream < 0) & (corr_ids >= 0) & is_launch[np.frombuffer(t.name_idx, dtype=np.intc)])
+    call_corrs, first = np.unique(corr_ids[calls], return_index=True)
+    runtime: dict[int, int] = dict(zip(call_corrs.tolist(), calls[first].tolist(), strict=True))
+    del stream, corr_ids
     ts, dur, corr, item_class = t.ts, t.dur, t.correlation, tl.item_class
     other = EventClass.other
     cpu_d: list[float] = []

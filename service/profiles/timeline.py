@@ -15,6 +15,8 @@ from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from service.profiles.classify import (
     COMM_BACKEND_OP,
     COMM_ENQUEUE_OP,
@@ -95,13 +97,14 @@ def _named_union(t: RankTrace, rx: re.Pattern[str], threads: set[int] | None = N
 def _gpu_timeline(t: RankTrace) -> Timeline:
     classes: dict[int, EventClass] = {}
     parts: dict[EventClass, list[Interval]] = {c: [] for c in EventClass}
-    on_gpu_cat = [c in GPU_EVENT_CATS for c in t.cats]
-    ts, dur, stream, corr = t.ts, t.dur, t.stream, t.correlation
+    ts, dur = t.ts, t.dur
+    stream = np.frombuffer(t.stream, dtype=np.longlong)
+    corr = np.frombuffer(t.correlation, dtype=np.longlong)
     name_idx, cat_idx, size_args = t.name_idx, t.cat_idx, t.size_args
+    on_gpu_cat = np.array([c in GPU_EVENT_CATS for c in t.cats], dtype=bool)
+    on_gpu = np.flatnonzero((stream >= 0) & on_gpu_cat[np.frombuffer(cat_idx, dtype=np.intc)])
     known: dict[tuple[int, int, bool], EventClass] = {}  # classify_gpu_event by (name, cat, has args)
-    for i in range(len(t)):
-        if stream[i] < 0 or not on_gpu_cat[cat_idx[i]]:
-            continue
+    for i in on_gpu.tolist():
         args = size_args.get(i)
         key = (name_idx[i], cat_idx[i], args is not None and "Collective name" in args)
         cls = known.get(key)
@@ -109,10 +112,13 @@ def _gpu_timeline(t: RankTrace) -> Timeline:
             cls = known[key] = classify_gpu_event(t.names[key[0]], t.cats[key[1]], key[2])
         classes[i] = cls
         parts[cls].append((ts[i], ts[i] + dur[i]))
-    launch_ts: dict[int, float] = {}
-    for i, (s, c) in enumerate(zip(stream, corr, strict=True)):
-        if s < 0 and c >= 0 and c not in launch_ts:
-            launch_ts[c] = ts[i]
+    # the launch time of each correlation id: its first CPU-side event
+    launchers = np.flatnonzero((stream < 0) & (corr >= 0))
+    launch_corrs, first = np.unique(corr[launchers], return_index=True)
+    launch_ts: dict[int, float] = dict(
+        zip(launch_corrs.tolist(), np.frombuffer(ts, dtype=np.float64)[launchers[first]].tolist(), strict=True)
+    )
+    del stream, corr
     gpu = sorted(i for i, c in classes.items() if c is not EventClass.other)
     by_start = sorted(gpu, key=lambda i: t.ts[i])
     tl = Timeline(
@@ -142,7 +148,7 @@ def _gpu_timeline(t: RankTrace) -> Timeline:
     spans: list[list[float]] = [[float("inf"), float("-inf")] for _ in steps]
     step_ends = [starts[k] + t.dur[si] for k, (_, si) in enumerate(steps)]
     for i in gpu:
-        lt = launch_ts.get(corr[i])
+        lt = launch_ts.get(t.correlation[i])
         if lt is None:
             continue
         k = bisect.bisect_right(starts, lt) - 1
