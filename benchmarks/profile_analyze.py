@@ -7,11 +7,15 @@ Usage::
     .venv/bin/python benchmarks/profile_analyze.py ... --hta-python /path/to/venv-with-hta/bin/python
 
 Without ``--traces`` it writes a synthetic GPU trace set (the generator of the test fixtures). Each
-tool runs in a child process of its own, measured the same way: wall time of the analysis, and the
+tool runs in a child process of its own, measured the same way: wall time and CPU time of the
+analysis (CPU time includes any worker processes: HTA parses ranks in a process pool), and the
 child's peak RSS above its RSS once its imports are done (so the interpreter and libraries are not
-counted for either). shardctl also reports its tracemalloc peak (Python allocations only) in a
-second child, since tracemalloc slows allocation-heavy code. HTA (HolisticTraceAnalysis) runs when
-``--hta-python`` names an interpreter that has it (HTA is not a dependency of this project).
+counted for either; HTA's workers' memory is printed apart and left out of the ratio, which favours
+HTA). Each figure is printed next to the goal of issue 17 (5x faster than HTA, a fifth of its
+memory) with the 1-minute load average, since this machine is shared. shardctl also reports its
+tracemalloc peak (Python allocations only) in a second child, since tracemalloc slows
+allocation-heavy code. HTA (HolisticTraceAnalysis) runs when ``--hta-python`` names an interpreter
+that has it (HTA is not a dependency of this project).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import argparse
 import gzip
 import json
 import math
+import os
 import subprocess
 import sys
 import tempfile
@@ -35,6 +40,18 @@ from service.profiles.reader import read_trace  # noqa: E402
 # Each child prints one JSON line: {"seconds", "rss_before", "rss_peak", ...}. RSS is read from
 # /proc (VmRSS now, VmHWM peak) so the import baseline can be subtracted.
 _RSS = """
+import resource
+
+
+def cpu_with_workers():
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def worker_peak():
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+
+
 def rss(field):
     for line in open("/proc/self/status"):
         if line.startswith(field):
@@ -53,10 +70,10 @@ if sys.argv[2] == "tracemalloc":
     print(json.dumps({"python_peak": tracemalloc.get_traced_memory()[1]}))
 else:
     before = rss("VmRSS:")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu_with_workers()
     summary = analyze_traces(paths)
-    seconds = time.perf_counter() - t0
-    print(json.dumps({"seconds": seconds, "rss_before": before, "rss_peak": rss("VmHWM:"),
+    seconds, cpu = time.perf_counter() - t0, cpu_with_workers() - c0
+    print(json.dumps({"seconds": seconds, "cpu": cpu, "rss_before": before, "rss_peak": rss("VmHWM:"),
                       "bound": summary.diagnosis.bound,
                       "hta": {r: s.hta_compat.model_dump() for r, s in summary.ranks.items()}}))
 """
@@ -66,12 +83,13 @@ import json, sys, time
 from hta.trace_analysis import TraceAnalysis
 before = rss("VmRSS:")
 files = {int(rank): name for rank, name in (arg.split("=", 1) for arg in sys.argv[2:])}
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), cpu_with_workers()
 a = TraceAnalysis(trace_files=files, trace_dir=sys.argv[1])
 breakdown = a.get_temporal_breakdown(visualize=False)
 overlap = a.get_comm_comp_overlap(visualize=False)
-seconds = time.perf_counter() - t0
-print(json.dumps({"seconds": seconds, "rss_before": before, "rss_peak": rss("VmHWM:"),
+seconds, cpu = time.perf_counter() - t0, cpu_with_workers() - c0
+print(json.dumps({"seconds": seconds, "cpu": cpu, "rss_before": before, "rss_peak": rss("VmHWM:"),
+                  "worker_peak": worker_peak(),
                   "hta": {str(r): {"idle_time_pctg": float(i), "compute_time_pctg": float(c),
                                    "non_compute_time_pctg": float(n), "comm_comp_overlap_pctg": float(o)}
                           for r, i, c, n, o in zip(breakdown["rank"], breakdown["idle_time_pctg"],
@@ -80,6 +98,10 @@ print(json.dumps({"seconds": seconds, "rss_before": before, "rss_peak": rss("VmH
                                                    overlap.set_index("rank").loc[breakdown["rank"],
                                                                                  "comp_comm_overlap_pctg"])}}))
 """
+
+
+GOAL_SPEEDUP = 5.0  # issue 17: at least 5x faster than HTA 0.5.0 on the same traces
+GOAL_MEMORY = 5.0  # ... and at most a fifth of its peak memory
 
 
 def _decompressed_size(path: Path) -> int:
@@ -138,23 +160,34 @@ def main() -> None:
           f"of JSON, in {trace_dir}")
 
     names = [str(p) for p in paths]
+    load_before = os.getloadavg()[0]
     ours = _child(sys.executable, _OURS_CHILD, str(ROOT), "time", *names)
     python_peak = _child(sys.executable, _OURS_CHILD, str(ROOT), "tracemalloc", *names)["python_peak"]
     ours_mem = _mb(ours["rss_peak"]) - _mb(ours["rss_before"])
-    print(f"shardctl: {ours['seconds']:.2f} s, peak RSS +{ours_mem:.1f} MB over its imports "
+    print(f"shardctl: {ours['seconds']:.2f} s wall, {ours['cpu']:.2f} s CPU, "
+          f"peak RSS +{ours_mem:.1f} MB over its imports "
           f"(Python allocations peak {_mb(python_peak):.1f} MB = {_mb(python_peak) * 1e6 / largest:.2f}x the "
           f"largest rank's JSON; ranks are analysed one at a time); verdict {ours['bound']}")
 
     if not args.hta_python:
-        print("HTA: not run (pass --hta-python with an interpreter that has HolisticTraceAnalysis)")
+        print(f"HTA: not run (pass --hta-python with an interpreter that has HolisticTraceAnalysis); "
+              f"background load (1-min load average) {load_before:.1f} on {os.cpu_count()} CPUs")
         return
     ranks = [_rank_of(p, index) for index, p in enumerate(paths)]  # HTA takes ranks from the caller
     pairs = [f"{r}={p.name}" for r, p in zip(ranks, paths, strict=True)]
     hta = _child(args.hta_python, _HTA_CHILD, str(trace_dir), *pairs)
     hta_mem = _mb(hta["rss_peak"]) - _mb(hta["rss_before"])
-    print(f"HTA: {hta['seconds']:.2f} s, peak RSS +{hta_mem:.1f} MB over its imports")
-    print(f"ratios HTA / shardctl: time {float(hta['seconds']) / float(ours['seconds']):.2f}x, "  # type: ignore[arg-type]
-          f"memory {hta_mem / max(ours_mem, 0.1):.2f}x")
+    workers = _mb(hta["worker_peak"])
+    print(f"HTA 0.5.0: {hta['seconds']:.2f} s wall, {hta['cpu']:.2f} s CPU (its parsing workers included), "
+          f"peak RSS +{hta_mem:.1f} MB over its imports"
+          + (f"; its largest parsing worker also peaked at {workers:.1f} MB RSS, not counted here" if workers else ""))
+    wall = float(hta["seconds"]) / float(ours["seconds"])  # type: ignore[arg-type]
+    cpu = float(hta["cpu"]) / float(ours["cpu"])  # type: ignore[arg-type]
+    memory = hta_mem / max(ours_mem, 0.1)
+    print(f"HTA / shardctl: time {wall:.2f}x wall, {cpu:.2f}x CPU (goal >= {GOAL_SPEEDUP:g}x); "
+          f"peak memory {memory:.2f}x (goal >= {GOAL_MEMORY:g}x, i.e. at most a fifth of HTA's)")
+    print(f"background load (1-min load average): {load_before:.1f} before, {os.getloadavg()[0]:.1f} after, "
+          f"on {os.cpu_count()} CPUs; CPU-time ratios are the steadier under load")
     keys = ("idle_time_pctg", "compute_time_pctg", "non_compute_time_pctg", "comm_comp_overlap_pctg")
     ours_hta: dict[str, dict[str, float]] = ours["hta"]  # type: ignore[assignment]
     theirs: dict[str, dict[str, float]] = hta["hta"]  # type: ignore[assignment]
