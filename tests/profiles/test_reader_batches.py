@@ -1,0 +1,59 @@
+"""The batched msgspec path reads every trace exactly as the generic decoder does, odd ones included."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from service.profiles.events import _EVENTS_DECODER, RankTrace, _Builder, load_rank_trace
+from service.profiles.reader import EventBatches, read_trace
+
+
+def _generic(path: Path) -> RankTrace:
+    """The same columns, built from the generic decoder's dicts alone (no batches)."""
+    trace = RankTrace(path=path, meta={})
+    builder = _Builder(trace, 10**9)
+    trace.meta = read_trace(path, builder.add)
+    return trace
+
+
+def _columns(t: RankTrace) -> dict[str, object]:
+    return {
+        "names": [t.names[i] for i in t.name_idx],
+        "cats": [t.cats[i] for i in t.cat_idx],
+        "threads": [t.threads[i] for i in t.thread_idx],
+        "ts": list(t.ts), "dur": [repr(d) for d in t.dur], "stream": list(t.stream),  # NaN != NaN
+        "correlation": list(t.correlation), "external_id": list(t.external_id),
+        "size_args": t.size_args, "thread_names": t.thread_names, "float_timestamps": t.float_timestamps,
+        "skipped": t.skipped_python_functions, "meta": t.meta,
+    }
+
+
+def test_odd_events_read_the_same_by_both_paths(tmp_path: Path) -> None:
+    events: list[dict[str, object]] = []
+    for i in range(3_000):
+        events.append({"ph": "X", "cat": "kernel", "name": f"gemm_{i % 7}", "pid": 0, "tid": 7, "ts": 1000 + i,
+                       "dur": 0.5, "args": {"stream": 7, "correlation": i, "unused": {"a": [1, {"b": "}, {"}]}}})
+        if i % 500 == 1:  # a string that looks like an element boundary
+            events.append({"ph": "X", "cat": "cpu_op", "name": 'weird "}, {" name', "pid": "host", "tid": 1.0,
+                           "ts": 1000.25 + i, "dur": 2, "args": {"External id": "17"}})
+        if i % 700 == 3:  # args that are not an object, a name that is not a string, a metadata event
+            events.append({"ph": "X", "cat": "cpu_op", "name": 12, "pid": 1, "tid": 1, "ts": 1000 + i, "dur": 1,
+                           "args": ["not", "an", "object"]})
+            events.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": i, "args": {"name": f"t{i}"}})
+        if i % 900 == 5:  # sizes on a collective, python_function and Trace rows that are skipped
+            events.append({"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce", "pid": 0, "tid": 9,
+                           "ts": 1000 + i, "dur": 3, "args": {"stream": 9, "correlation": -5, "In msg nelems": 10,
+                                                               "dtype": "Float", "Collective name": None}})
+            events.append({"ph": "X", "cat": "python_function", "name": "f", "pid": 1, "tid": 1, "ts": i, "dur": 1})
+            events.append({"ph": "X", "cat": "Trace", "name": "whole", "pid": 1, "tid": 1, "ts": i, "dur": 1})
+    text = json.dumps({"schemaVersion": 1, "traceEvents": events, "traceName": "odd"}, indent=1)
+    path = tmp_path / "odd.json"
+    path.write_text(text.replace('"dur": 2,', '"dur": NaN,', 1))  # one value msgspec refuses
+    batched: list[int] = []
+    singles: list[int] = []
+    read_trace(path, lambda _: singles.append(1), batch=EventBatches(_EVENTS_DECODER, lambda b: batched.append(len(b))))
+    assert sum(batched) > 1_000 and singles  # both paths ran on this file
+    fast, slow = load_rank_trace(path), _generic(path)
+    assert len(fast) > 3_000
+    assert _columns(fast) == _columns(slow)
