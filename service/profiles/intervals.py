@@ -5,6 +5,9 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 
+import numpy as np
+import numpy.typing as npt
+
 Interval = tuple[float, float]
 Union = list[Interval]
 
@@ -19,6 +22,22 @@ def union(intervals: Iterable[Interval]) -> Union:
         else:
             out.append((s, e))
     return out
+
+
+def union_of_arrays(starts: npt.NDArray[np.float64], ends: npt.NDArray[np.float64]) -> Union:
+    """``union(zip(starts, ends))``, computed with numpy: sort by (start, end); an interval opens where a
+    start lies past every earlier end."""
+    keep = ends > starts
+    s, e = starts[keep], ends[keep]
+    if len(s) == 0:
+        return []
+    order = np.lexsort((e, s))
+    s, e = s[order], e[order]
+    opens = np.empty(len(s), dtype=bool)
+    opens[0] = True
+    np.greater(s[1:], np.maximum.accumulate(e)[:-1], out=opens[1:])
+    first = np.flatnonzero(opens)
+    return list(zip(s[first].tolist(), np.maximum.reduceat(e, first).tolist(), strict=True))
 
 
 def measure(u: Union) -> float:

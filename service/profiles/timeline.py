@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 from service.profiles.classify import (
     COMM_BACKEND_OP,
@@ -29,7 +30,7 @@ from service.profiles.classify import (
     classify_gpu_event,
 )
 from service.profiles.events import RankTrace
-from service.profiles.intervals import Interval, Union, subtract, union
+from service.profiles.intervals import Union, subtract, union, union_of_arrays
 
 GPU_CLASSES = ("kernel", "Kernel", "gpu_memcpy", "gpu_memset", "Memcpy", "Memset")
 
@@ -94,10 +95,22 @@ def _named_union(t: RankTrace, rx: re.Pattern[str], threads: set[int] | None = N
     )
 
 
+def _launch_times(
+    launch_corrs: npt.NDArray[np.longlong], launch_ts: npt.NDArray[np.float64], corrs: npt.NDArray[np.longlong]
+) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.float64]]:
+    """For each correlation id in ``corrs``: whether it has a launch, and its launch time (-inf if none)."""
+    if len(launch_corrs) == 0:
+        return np.zeros(len(corrs), dtype=bool), np.full(len(corrs), -np.inf)
+    pos = np.minimum(np.searchsorted(launch_corrs, corrs), len(launch_corrs) - 1)
+    found = launch_corrs[pos] == corrs
+    return found, np.where(found, launch_ts[pos], -np.inf)
+
+
 def _gpu_timeline(t: RankTrace) -> Timeline:
     classes: dict[int, EventClass] = {}
-    parts: dict[EventClass, list[Interval]] = {c: [] for c in EventClass}
-    ts, dur = t.ts, t.dur
+    members: dict[EventClass, list[int]] = {c: [] for c in EventClass}
+    ts = np.frombuffer(t.ts, dtype=np.float64)
+    dur = np.frombuffer(t.dur, dtype=np.float64)
     stream = np.frombuffer(t.stream, dtype=np.longlong)
     corr = np.frombuffer(t.correlation, dtype=np.longlong)
     name_idx, cat_idx, size_args = t.name_idx, t.cat_idx, t.size_args
@@ -111,57 +124,55 @@ def _gpu_timeline(t: RankTrace) -> Timeline:
         if cls is None:
             cls = known[key] = classify_gpu_event(t.names[key[0]], t.cats[key[1]], key[2])
         classes[i] = cls
-        parts[cls].append((ts[i], ts[i] + dur[i]))
+        members[cls].append(i)
+
+    def class_union(cls: EventClass) -> Union:
+        idx = np.array(members[cls], dtype=np.intp)
+        return union_of_arrays(ts[idx], ts[idx] + dur[idx])
+
     # the launch time of each correlation id: its first CPU-side event
     launchers = np.flatnonzero((stream < 0) & (corr >= 0))
     launch_corrs, first = np.unique(corr[launchers], return_index=True)
-    launch_ts: dict[int, float] = dict(
-        zip(launch_corrs.tolist(), np.frombuffer(ts, dtype=np.float64)[launchers[first]].tolist(), strict=True)
-    )
-    del stream, corr
-    gpu = sorted(i for i, c in classes.items() if c is not EventClass.other)
-    by_start = sorted(gpu, key=lambda i: t.ts[i])
+    launch_ts = ts[launchers[first]]
+    gpu = np.array(sorted(i for i, c in classes.items() if c is not EventClass.other), dtype=np.intp)
+    by_start = gpu[np.argsort(ts[gpu], kind="stable")]
     tl = Timeline(
         basis="gpu_kernels",
-        compute=union(parts[EventClass.compute]),
-        comm=union(parts[EventClass.comm]),
-        memory=union(parts[EventClass.memory]),
+        compute=class_union(EventClass.compute),
+        comm=class_union(EventClass.comm),
+        memory=class_union(EventClass.memory),
         data_loader=_named_union(t, DATA_LOADER),
         host_sync=_named_union(t, HOST_SYNC_OP),
         windows=[],
         steps_present=[],
         item_events=sorted(classes),
         item_class=classes,
-        gpu_starts=array("d", [t.ts[i] for i in by_start]),
-        gpu_launch_ts=array("d", [launch_ts.get(t.correlation[i], float("-inf")) for i in by_start]),
+        gpu_starts=array("d", ts[by_start].tobytes()),
+        gpu_launch_ts=array("d", _launch_times(launch_corrs, launch_ts, corr[by_start])[1].tobytes()),
     )
+    del by_start
     if not tl.comm and t.meta.get("distributedInfo", {}).get("backend") == "nccl":
         tl.warnings.append("backend is nccl but no communication kernels were recognised")
     _, steps = _step_events(t)
     tl.steps_present = [s for s, _ in steps]
     if not steps:
-        if gpu:
-            tl.windows = [Window(None, min(t.ts[i] for i in gpu), max(t.ts[i] + t.dur[i] for i in gpu))]
+        if len(gpu):
+            tl.windows = [Window(None, float(ts[gpu].min()), float((ts[gpu] + dur[gpu]).max()))]
         tl.warnings.append("no ProfilerStep annotations: the window is the span of all GPU events")
         return tl
-    starts = [t.ts[si] for _, si in steps]
-    spans: list[list[float]] = [[float("inf"), float("-inf")] for _ in steps]
-    step_ends = [starts[k] + t.dur[si] for k, (_, si) in enumerate(steps)]
-    for i in gpu:
-        lt = launch_ts.get(t.correlation[i])
-        if lt is None:
-            continue
-        k = bisect.bisect_right(starts, lt) - 1
-        if k >= 0 and lt < step_ends[k]:
-            span, begin = spans[k], ts[i]
-            end = begin + dur[i]
-            if begin < span[0]:
-                span[0] = begin
-            if end > span[1]:
-                span[1] = end
-    for (step, si), (lo, hi) in zip(steps, spans, strict=True):
-        if hi > lo:
-            tl.windows.append(Window(step, lo, hi))
+    starts = np.array([t.ts[si] for _, si in steps])
+    step_ends = starts + np.array([t.dur[si] for _, si in steps])
+    launched, lt = _launch_times(launch_corrs, launch_ts, corr[gpu])
+    k = np.searchsorted(starts, lt, side="right") - 1
+    in_step = launched & (k >= 0)
+    in_step[in_step] = lt[in_step] < step_ends[k[in_step]]
+    lo = np.full(len(steps), np.inf)
+    hi = np.full(len(steps), -np.inf)
+    np.minimum.at(lo, k[in_step], ts[gpu[in_step]])
+    np.maximum.at(hi, k[in_step], ts[gpu[in_step]] + dur[gpu[in_step]])
+    for (step, si), low, high in zip(steps, lo.tolist(), hi.tolist(), strict=True):
+        if high > low:
+            tl.windows.append(Window(step, low, high))
         else:
             tl.windows.append(Window(step, t.ts[si], t.ts[si] + t.dur[si]))
     return tl
