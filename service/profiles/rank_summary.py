@@ -92,25 +92,23 @@ def _launch_stats(t: RankTrace, tl: Timeline, windows: list[Window]) -> LaunchSt
     is_launch = np.array([n in LAUNCH_RUNTIME for n in t.names], dtype=bool)
     calls = np.flatnonzero((stream < 0) & (corr_ids >= 0) & is_launch[np.frombuffer(t.name_idx, dtype=np.intc)])
     call_corrs, first = np.unique(corr_ids[calls], return_index=True)
-    runtime: dict[int, int] = dict(zip(call_corrs.tolist(), calls[first].tolist(), strict=True))
+    call_at = calls[first]
+    ts, dur = np.frombuffer(t.ts, dtype=np.float64), np.frombuffer(t.dur, dtype=np.float64)
+    other, inside = EventClass.other, _in_windows(windows)
+    items = np.array(
+        [g for g in tl.item_events if tl.item_class[g] is not other and t.ts[g] in inside], dtype=np.intp
+    )
+    n_gpu, lt10 = len(items), int((dur[items] < 10).sum())
+    if len(call_corrs) and n_gpu:
+        pos = np.minimum(np.searchsorted(call_corrs, corr_ids[items]), len(call_corrs) - 1)
+        found = call_corrs[pos] == corr_ids[items]
+        g, r = items[found], call_at[pos[found]]
+    else:
+        g = r = np.zeros(0, dtype=np.intp)
+    cpu_d: list[float] = dur[r].tolist()
+    delays: list[float] = np.maximum(0.0, ts[g] - (ts[r] + dur[r])).tolist()
+    short = int((dur[g] < dur[r]).sum())
     del stream, corr_ids
-    ts, dur, corr, item_class = t.ts, t.dur, t.correlation, tl.item_class
-    other = EventClass.other
-    cpu_d: list[float] = []
-    delays: list[float] = []
-    short = n_gpu = lt10 = 0
-    inside = _in_windows(windows)
-    for g in tl.item_events:
-        if item_class[g] is other or ts[g] not in inside:
-            continue
-        n_gpu += 1
-        lt10 += dur[g] < 10
-        r = runtime.get(corr[g])
-        if r is None:
-            continue
-        cpu_d.append(dur[r])
-        delays.append(max(0.0, ts[g] - (ts[r] + dur[r])))
-        short += dur[g] < dur[r]
     return LaunchStats(
         n_launches=len(cpu_d),
         cpu_launch_us_sum=round(sum(cpu_d), 3),
