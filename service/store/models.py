@@ -285,8 +285,7 @@ class TeamQuotaRow(Base):
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
-# The dispatcher's queue view (explain as a lookup) lives in its own module, loaded with the models.
-from service.store import queue_models as queue_models  # noqa: E402
-
-# Calibration samples and their cursor (issue 16) live in their own module, loaded with the models.
+# The dispatcher's queue view (explain as a lookup) and calibration samples with their cursor (issue 16)
+# live in their own modules, loaded with the models.
 from service.store import calibration_models as calibration_models  # noqa: E402
+from service.store import queue_models as queue_models  # noqa: E402

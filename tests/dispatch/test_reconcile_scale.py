@@ -114,8 +114,9 @@ def seed(url: str, first_id: int, slurm: int, kube: int) -> tuple[list[int], lis
                                  "updated_at": started, "finished_at": None, "lease_owner": None,
                                  "lease_expires_at": None, "gpu": "cpu", "gpus": 1, "pool": None,
                                  "admitted_at": started, "predicted_s": None})
+                backend_id = str(SLURM_BASE + job_id) if kind == "slurm" else f"jobset/{NS}/{name}"
                 attempt_rows.append({"job_id": job_id, "number": 1, "backend_name": name, "nodes": nodes,
-                                     "backend_id": str(SLURM_BASE + job_id) if kind == "slurm" else f"jobset/{NS}/{name}",
+                                     "backend_id": backend_id,
                                      "status": "RUNNING", "exit_code": None, "exit_reason": None,
                                      "created_at": started, "finished_at": None, "failure": None, "log_tail": None,
                                      "started_at": started})
