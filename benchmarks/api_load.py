@@ -51,12 +51,12 @@ from typing import Any
 
 import httpx
 import psycopg
+from scratch_db import scratch_database
 from sqlalchemy import JSON, column, create_engine, insert, select, table, text
 from sqlalchemy.engine import make_url
 
 from service.planner import plan
 from service.spec import TrainingSpec
-from service.store import migrate
 from service.store.db import make_sessionmaker
 from service.store.models import Event, Job, Team
 from service.store.tokens import create_token
@@ -82,23 +82,6 @@ TINY: dict[str, Any] = {
 
 
 # ---------------------------------------------------------------- database
-
-
-@contextmanager
-def bench_database(base_url: str) -> Iterator[str]:
-    """A new, migrated database on the server of `base_url`; dropped (forcibly) on exit."""
-    admin = create_engine(base_url, isolation_level="AUTOCOMMIT")
-    name = f"shardctl_bench_{secrets.token_hex(4)}"
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        url = make_url(base_url).set(database=name).render_as_string(hide_password=False)
-        migrate.upgrade(url)
-        yield url
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 @dataclass(frozen=True)
@@ -559,7 +542,8 @@ def main() -> None:
     started = time.perf_counter()
 
     busy_before = background_load()
-    with tempfile.TemporaryDirectory(prefix="shardctl-bench-") as tmp, bench_database(args.postgres_url) as url:
+    with (tempfile.TemporaryDirectory(prefix="shardctl-bench-") as tmp,
+          scratch_database(args.postgres_url, "api") as url):
         print(f"seeding {args.jobs} jobs into {make_url(url).database} ...", flush=True)
         seeded = seed(url, args.jobs, rng)
         print(f"seeded in {seeded.seconds:.1f} s; starting the API server ...", flush=True)

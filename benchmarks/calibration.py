@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import statistics
 import tempfile
 import time
@@ -34,8 +33,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, delete, insert, text
-from sqlalchemy.engine import make_url
+from scratch_db import scratch_database
+from sqlalchemy import delete, insert
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.jobenv import MeasurementKind
@@ -65,18 +64,8 @@ def database(postgres_url: str | None) -> Iterator[str]:
             migrate.upgrade(url)
             yield url
         return
-    admin = create_engine(postgres_url, isolation_level="AUTOCOMMIT")
-    name = f"shardctl_bench_calibration_{secrets.token_hex(4)}"
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        url = make_url(postgres_url).set(database=name).render_as_string(hide_password=False)
-        migrate.upgrade(url)
+    with scratch_database(postgres_url, "calibration") as url:
         yield url
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 def report_of(step: float) -> dict[str, Any]:

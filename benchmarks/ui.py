@@ -28,26 +28,22 @@ import html
 import os
 import random
 import re
-import secrets
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from fastapi.testclient import TestClient
+from scratch_db import scratch_database
 from sqlalchemy import JSON, column, create_engine, insert, table, text
-from sqlalchemy.engine import make_url
 
 from service.api.app import create_app
 from service.api.ui.session import COOKIE
 from service.planner import plan
 from service.settings import Settings
 from service.spec import TrainingSpec
-from service.store import migrate
 from service.store.db import make_sessionmaker
 from service.store.models import Event, Job, Team
 from service.store.tokens import create_token
@@ -69,23 +65,6 @@ TINY: dict[str, Any] = {
 FILTER = "status=QUEUED&team=alpha&gpu=cpu"
 SORTED = "sort=-gpus&team=alpha"
 GPU_COUNTS = (1, 2, 4, 8, 16)
-
-
-@contextmanager
-def bench_database(base_url: str) -> Iterator[str]:
-    """A new, migrated database on the server of `base_url`; dropped (forcibly) on exit."""
-    admin = create_engine(base_url, isolation_level="AUTOCOMMIT")
-    name = f"shardctl_bench_ui_{secrets.token_hex(4)}"
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        url = make_url(base_url).set(database=name).render_as_string(hide_password=False)
-        migrate.upgrade(url)
-        yield url
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 def seed(url: str, n_jobs: int, rng: random.Random, gpu_rng: random.Random) -> tuple[str, float]:
@@ -176,7 +155,8 @@ def main() -> None:
                         help="a PostgreSQL URL whose role may CREATE DATABASE")
     args = parser.parse_args()
     rng, gpu_rng = random.Random(14), random.Random(15)
-    with tempfile.TemporaryDirectory(prefix="shardctl-bench-ui-") as tmp, bench_database(args.postgres_url) as url:
+    with (tempfile.TemporaryDirectory(prefix="shardctl-bench-ui-") as tmp,
+          scratch_database(args.postgres_url, "ui") as url):
         token, seconds = seed(url, args.jobs, rng, gpu_rng)
         print(f"seeded {args.jobs:,} jobs in {seconds:.1f} s (bulk Core inserts of {BATCH:,})")
         app = create_app(Settings(database_url=url, data_dir=Path(tmp)))
