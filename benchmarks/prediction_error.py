@@ -35,7 +35,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from service.planner import InvalidSpec, Layout, Plan, estimate
-from service.planner.hardware import CATALOG
 from service.spec import Checkpointing, TrainingSpec
 
 FOLDER = Path(__file__).resolve().parent / "published"
@@ -199,21 +198,13 @@ def planner_checkpointing(published: str) -> Checkpointing:
     return typing.cast(Checkpointing, published)
 
 
-def spec_for(row: Row, *, nic_aggregation: bool = False) -> TrainingSpec:
-    """The row as a spec (the architecture given field by field, the published GPU and count).
-
-    `nic_aggregation` is a what-if, not the planner's model: a data-parallel group with k ranks in
-    each node runs NCCL rings over k NICs at once, so it gets min(NVLink, k x the per-GPU network
-    bandwidth); applied to the whole row through `resources.inter_node_gbps` (k = GPUs per node / tp)."""
+def spec_for(row: Row) -> TrainingSpec:
+    """The row as a spec (the architecture given field by field, the published GPU and count)."""
     gpu: str | dict[str, object] = row.gpu.kind
     if row.gpu.memory_gib is not None:
         gpu = {"name": row.gpu.kind, "memory_gib": row.gpu.memory_gib}
     model = {**row.model.model_dump(exclude={"family"}), **_FAMILY[row.model.family]}
     resources: dict[str, object] = {"gpu": gpu, "gpus": row.gpus, "gpus_per_node": min(row.gpus_per_node, row.gpus)}
-    if nic_aggregation and row.gpu.kind in CATALOG:
-        kind = CATALOG[row.gpu.kind]
-        ranks_per_node = max(1, row.gpus_per_node // row.layout.tp)
-        resources["inter_node_gbps"] = min(kind.intra_node_gbps, ranks_per_node * kind.inter_node_gbps)
     return TrainingSpec.model_validate({
         "name": row.id,
         "model": model,
@@ -326,11 +317,11 @@ class Result:
         return self.plan.memory.total / (m.peak_memory_gib * GIB) - 1
 
 
-def evaluate(row: Row, *, nic_aggregation: bool = False) -> Result:
+def evaluate(row: Row) -> Result:
     """Evaluate the row's published layout with the planner (`estimate`: one pinned layout)."""
     start = time.process_time()
     try:
-        plan = estimate(spec_for(row, nic_aggregation=nic_aggregation), layout_for(row))
+        plan = estimate(spec_for(row), layout_for(row))
     except InvalidSpec as exc:
         reason = "; ".join(f"{'.'.join(str(p) for p in problem.loc)}: {problem.message}" for problem in exc.problems)
         return Result(row, None, reason, time.process_time() - start)
@@ -433,19 +424,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--folder", type=Path, default=FOLDER, help="the data files (default: %(default)s)")
     parser.add_argument("--terms", action="store_true", help="print each prediction's time and memory terms")
-    parser.add_argument("--what-if-nic-aggregation", action="store_true", help=(
-        "what-if, not the planner's model: give each row's cross-node groups min(NVLink, ranks per node x"
-        " the per-GPU network bandwidth), as NCCL's multi-NIC rings reach (see spec_for)"))
     args = parser.parse_args(argv)
     try:
         rows = load_rows(args.folder)
     except DataError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    what_if = args.what_if_nic_aggregation
-    results = [evaluate(row, nic_aggregation=what_if) for row in rows]
-    if what_if:
-        print("WHAT-IF: cross-node bandwidth = min(NVLink, ranks per node x per-GPU network); not the planner's model")
+    results = [evaluate(row) for row in rows]
     goal = [r for r in results if r.row.in_goal]
     other = [r for r in results if not r.row.in_goal]
     sources = sorted({r.row.source.id for r in results})

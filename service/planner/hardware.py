@@ -63,6 +63,10 @@ class GpuType(BaseModel):
     latency_inter_s: float = 15e-6
     launch_overhead_s: float = 4e-6
     comm_library: str = "nccl"
+    #: Whether a collective whose group has k ranks in each node runs k rings at once, one per
+    #: rank's NIC (NCCL and RCCL over NVLink/xGMI-connected GPUs); gloo between CPU processes does
+    #: not: they share the node's network.
+    multi_nic_rings: bool = True
     fp8_gemm_speedup: float | None = None  # large-GEMM limit of fp8 over bf16; None: 0.885 x peak ratio
 
     def supports(self, precision: Precision) -> bool:
@@ -122,7 +126,7 @@ CATALOG: dict[str, GpuType] = {
         _gpu("cpu", 16, {"fp32": 0.13, "bf16": 0.06, "fp16": 0.06}, hbm_gbps=10, intra_node_gbps=2,
              inter_node_gbps=1.25, pcie_gbps=1000, matmul_efficiency=0.5, cpu_memory_gib=16, runtime_base_gib=0.35,
              communicator_gib=0.01, memory_shared_per_node=True, latency_intra_s=30e-6,
-             latency_inter_s=100e-6, launch_overhead_s=20e-6, comm_library="gloo"),
+             latency_inter_s=100e-6, launch_overhead_s=20e-6, comm_library="gloo", multi_nic_rings=False),
     )
 }
 
@@ -151,6 +155,24 @@ class Cluster(BaseModel):
     def link_gbps(self, span: int) -> float:
         """Per-GPU bandwidth of a group whose ranks span `span` consecutive ranks."""
         return self.intra_node_gbps if span <= self.gpus_per_node else self.inter_node_gbps
+
+    def collective_gbps(self, n: int, span: int) -> float:
+        """Bus bandwidth per GPU of a ring collective (all-reduce, all-gather, reduce-scatter) over
+        `n` ranks spaced evenly across `span` consecutive ranks.
+
+        Inside a node: NVLink. Across nodes, with k = the group's ranks per node: NCCL builds one
+        ring channel per NIC and splits the data over them through NVLink, so the k NICs work at
+        once and the bus bandwidth is min(NVLink, k x per-GPU network) (NVIDIA/nccl issue 601;
+        nccl-tests doc/PERFORMANCE.md for bus bandwidth). A group with one rank per node (tp = GPUs
+        per node) gets one NIC. Point-to-point sends use `link_gbps`.
+        """
+        if span <= self.gpus_per_node:
+            return self.intra_node_gbps
+        if not self.gpu.multi_nic_rings:
+            return self.inter_node_gbps
+        stride = max(1, span // max(n, 1))
+        per_node = min(n, max(1, self.gpus_per_node // stride))
+        return min(self.intra_node_gbps, per_node * self.inter_node_gbps)
 
     def latency_s(self, span: int) -> float:
         return self.gpu.latency_intra_s if span <= self.gpus_per_node else self.gpu.latency_inter_s

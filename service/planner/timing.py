@@ -93,24 +93,25 @@ class Fabric:
 
     cluster: Cluster
 
-    def _bw(self, span: int) -> float:
-        return self.cluster.link_gbps(span) * 1e9 * COMM_EFFICIENCY
+    def _bw(self, n: int, span: int) -> float:
+        return self.cluster.collective_gbps(n, span) * 1e9 * COMM_EFFICIENCY
 
     def all_reduce(self, nbytes: float, n: int, span: int) -> float:
         if n <= 1:
             return 0.0
         lat = self.cluster.latency_s(span) * 2 * math.ceil(math.log2(n))
-        return lat + 2 * (n - 1) / n * nbytes / self._bw(span)
+        return lat + 2 * (n - 1) / n * nbytes / self._bw(n, span)
 
     def all_gather(self, nbytes: float, n: int, span: int) -> float:
         """Gather (or reduce-scatter) a tensor of `nbytes` in total across `n` ranks."""
         if n <= 1:
             return 0.0
         lat = self.cluster.latency_s(span) * math.ceil(math.log2(n))
-        return lat + (n - 1) / n * nbytes / self._bw(span)
+        return lat + (n - 1) / n * nbytes / self._bw(n, span)
 
     def p2p(self, nbytes: float, span: int) -> float:
-        return self.cluster.latency_s(span) + nbytes / self._bw(span)
+        """One send between two ranks `span` apart: one link (NVLink, or one NIC across nodes)."""
+        return self.cluster.latency_s(span) + nbytes / (self.cluster.link_gbps(span) * 1e9 * COMM_EFFICIENCY)
 
 
 @dataclass(frozen=True, slots=True)
