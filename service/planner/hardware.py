@@ -105,6 +105,16 @@ CATALOG: dict[str, GpuType] = {
         _gpu("H100-SXM-80GB", 80, {"bf16": 989, "fp16": 989, "fp8": 1979, "fp32": 67}, hbm_gbps=3350,
              intra_node_gbps=450, inter_node_gbps=50, pcie_gbps=50, matmul_efficiency=0.62,
              cpu_memory_gib=2048, fp8_gemm_speedup=1.77),
+        # Meta's Grand Teton H100 (torchtitan's H100 benchmarks): SXM, 96 GB HBM2e (95 GiB usable as
+        # torchtitan reports it), 500 W instead of 700 W. torchtitan: its peak "is between SXM and
+        # NVL, and we don't know its exact value". The tensor-core clock a power limit sustains sets
+        # the dense peak: NVIDIA lists 989 TFLOP/s bf16 at 700 W (SXM) and 835 at 400 W (H100 NVL),
+        # same 132 SMs; linear in the power limit, 500 W gives 886. HBM2e: six stacks at the H100
+        # PCIe's HBM2e rate (2,000 GB/s from five) give 2,400 GB/s. GEMM efficiency, NVLink and the
+        # 400 Gb/s NIC per GPU as the SXM part.
+        _gpu("H100-SXM-96GB-500W", 95, {"bf16": 886, "fp16": 886, "fp8": 1772, "fp32": 60}, hbm_gbps=2400,
+             intra_node_gbps=450, inter_node_gbps=50, pcie_gbps=50, matmul_efficiency=0.62,
+             cpu_memory_gib=2048, fp8_gemm_speedup=1.77),
         _gpu("H100-PCIe-80GB", 80, {"bf16": 756, "fp16": 756, "fp8": 1513, "fp32": 51}, hbm_gbps=2000,
              intra_node_gbps=50, inter_node_gbps=25, pcie_gbps=50, matmul_efficiency=0.60,
              cpu_memory_gib=1024, fp8_gemm_speedup=1.77),
