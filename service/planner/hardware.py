@@ -10,6 +10,14 @@ throughput of Narayanan et al.'s 1T-parameter run on 3072 A100s (502 PFLOP/s, 16
 GPU) within 10%; the others are set relative to it from the same kind of public reports and
 are the first numbers to refine with measurements from the runtime.
 
+`flash_attention_efficiency` is the fraction of peak flash attention reaches, a figure per GPU
+kind with its source: FlashAttention-2 kernels are not GEMMs (softmax, masking and the online
+rescaling sit between their matmuls). A100: 0.60, the middle of the 50-73% of peak that
+FlashAttention-2's paper reports on A100 (Dao 2023, arXiv:2307.08691). Hopper (H100, H200): 0.35,
+FlashAttention-3's paper (Shah et al. 2024, arXiv:2407.08608: "FlashAttention-2 achieving only 35%
+utilization on the H100 GPU"; PyTorch's SDPA flash backend is FlashAttention-2). Others: no
+published figure found; the GEMMs' efficiency.
+
 FP8 (per-tensor scaled matmuls in the linear layers, bf16 elsewhere) is not the fp8/bf16 peak ratio
 (2x): `fp8_gemm_speedup` is the large-GEMM limit of an FP8 GEMM's speed over the bf16 GEMM, and
 `fp8_gemm_gain` shrinks it for small GEMMs; the planner adds the dynamic-scaling work (amax, casts)
@@ -68,6 +76,9 @@ class GpuType(BaseModel):
     #: not: they share the node's network.
     multi_nic_rings: bool = True
     fp8_gemm_speedup: float | None = None  # large-GEMM limit of fp8 over bf16; None: 0.885 x peak ratio
+    #: Fraction of the dense peak that flash attention kernels (FlashAttention-2 class, as PyTorch's
+    #: SDPA runs them) reach, forward and backward, at long sequences; None: the GEMMs' efficiency.
+    flash_attention_efficiency: float | None = None
 
     def supports(self, precision: Precision) -> bool:
         return precision in self.peak_tflops
@@ -98,13 +109,13 @@ CATALOG: dict[str, GpuType] = {
              inter_node_gbps=12.5, pcie_gbps=12, matmul_efficiency=0.65, cpu_memory_gib=512),
         _gpu("A100-SXM-40GB", 40, {"bf16": 312, "fp16": 312, "fp32": 19.5}, hbm_gbps=1555,
              intra_node_gbps=300, inter_node_gbps=25, pcie_gbps=25, matmul_efficiency=0.72,
-             cpu_memory_gib=1024),
+             cpu_memory_gib=1024, flash_attention_efficiency=0.60),
         _gpu("A100-SXM-80GB", 80, {"bf16": 312, "fp16": 312, "fp32": 19.5}, hbm_gbps=2039,
              intra_node_gbps=300, inter_node_gbps=25, pcie_gbps=25, matmul_efficiency=0.72,
-             cpu_memory_gib=2048),
+             cpu_memory_gib=2048, flash_attention_efficiency=0.60),
         _gpu("H100-SXM-80GB", 80, {"bf16": 989, "fp16": 989, "fp8": 1979, "fp32": 67}, hbm_gbps=3350,
              intra_node_gbps=450, inter_node_gbps=50, pcie_gbps=50, matmul_efficiency=0.62,
-             cpu_memory_gib=2048, fp8_gemm_speedup=1.77),
+             cpu_memory_gib=2048, fp8_gemm_speedup=1.77, flash_attention_efficiency=0.35),
         # Meta's Grand Teton H100 (torchtitan's H100 benchmarks): SXM, 96 GB HBM2e (95 GiB usable as
         # torchtitan reports it), 500 W instead of 700 W. torchtitan: its peak "is between SXM and
         # NVL, and we don't know its exact value". The tensor-core clock a power limit sustains sets
@@ -114,13 +125,13 @@ CATALOG: dict[str, GpuType] = {
         # 400 Gb/s NIC per GPU as the SXM part.
         _gpu("H100-SXM-96GB-500W", 95, {"bf16": 886, "fp16": 886, "fp8": 1772, "fp32": 60}, hbm_gbps=2400,
              intra_node_gbps=450, inter_node_gbps=50, pcie_gbps=50, matmul_efficiency=0.62,
-             cpu_memory_gib=2048, fp8_gemm_speedup=1.77),
+             cpu_memory_gib=2048, fp8_gemm_speedup=1.77, flash_attention_efficiency=0.35),
         _gpu("H100-PCIe-80GB", 80, {"bf16": 756, "fp16": 756, "fp8": 1513, "fp32": 51}, hbm_gbps=2000,
              intra_node_gbps=50, inter_node_gbps=25, pcie_gbps=50, matmul_efficiency=0.60,
-             cpu_memory_gib=1024, fp8_gemm_speedup=1.77),
+             cpu_memory_gib=1024, fp8_gemm_speedup=1.77, flash_attention_efficiency=0.35),
         _gpu("H200-SXM-141GB", 141, {"bf16": 989, "fp16": 989, "fp8": 1979, "fp32": 67}, hbm_gbps=4800,
              intra_node_gbps=450, inter_node_gbps=50, pcie_gbps=50, matmul_efficiency=0.64,
-             cpu_memory_gib=2048, fp8_gemm_speedup=1.77),
+             cpu_memory_gib=2048, fp8_gemm_speedup=1.77, flash_attention_efficiency=0.35),
         _gpu("B200-180GB", 180, {"bf16": 2250, "fp16": 2250, "fp8": 4500, "fp32": 80}, hbm_gbps=8000,
              intra_node_gbps=900, inter_node_gbps=50, pcie_gbps=50, matmul_efficiency=0.55,
              cpu_memory_gib=4096, fp8_gemm_speedup=1.77),

@@ -206,7 +206,12 @@ def forward_times(shape: ModelShape, cluster: Cluster, layout: Layout, *, precis
         mm_f = _fp8_layer_matmul_seconds(shape, gpu, tokens=tokens, tp=t, rate=dense * eff)
     else:
         mm_f = 2 * tokens * shape.layer_matmul_params / t / (dense * eff)
-    attn_f = causal * 4 * b * s_loc * shape.seq_len * shape.hidden / t / (dense * eff)
+    # Flash kernels run at their own efficiency (`flash_attention_efficiency`); eager attention is
+    # two batched GEMMs (its softmax is memory-bound work, below).
+    attn_eff = eff
+    if attention == "flash" and gpu.flash_attention_efficiency is not None:
+        attn_eff = eff * gpu.flash_attention_efficiency / gpu.matmul_efficiency
+    attn_f = causal * 4 * b * s_loc * shape.seq_len * shape.hidden / t / (dense * attn_eff)
     act_bytes = layer_activation_bytes(
         shape, micro_batch=b, seq_local=s_loc, tp=t, sequence_parallel=layout.sequence_parallel,
         checkpointing="none", attention=attention, precision=precision)

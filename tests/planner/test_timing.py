@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from service.planner import InvalidSpec, Layout, estimate
-from service.planner.hardware import resolve_cluster
+from service.planner.hardware import CATALOG, resolve_cluster
 from service.planner.models import resolve_model
-from service.planner.timing import model_flops_per_step, recompute_flops_per_step
+from service.planner.search import resolve
+from service.planner.timing import forward_times, model_flops_per_step, recompute_flops_per_step
 from service.spec import ModelSpec
 from tests.conftest import make_spec
 from tests.planner.test_memory import layout
@@ -183,3 +184,18 @@ def test_fsdp_gathers_over_all_nics_of_a_node_hide_behind_compute() -> None:
     p = estimate(spec, layout(dp=64, sharding="fsdp", dp_shard=64, grad_accum_steps=1,
                               activation_checkpointing="full"))
     assert p.time.comm_exposed_s < 0.05 * p.time.compute_s
+
+
+@pytest.mark.parametrize("gpu", ["H100-SXM-80GB", "A100-SXM-80GB", "B200-180GB"])
+def test_flash_attention_runs_at_its_own_efficiency_and_eager_attention_at_the_gemms(gpu: str) -> None:
+    # Flash kernels do the causal half of the score FLOPs at `flash_attention_efficiency` of peak
+    # (FlashAttention-3's paper: FA2 reaches 35% on H100); eager attention's two batched GEMMs do
+    # the whole square at the GEMM efficiency. A GPU without a published figure uses the GEMMs'.
+    spec = make_spec(resources={"gpu": gpu})
+    ctx = resolve(spec)
+    lay = layout(micro_batch=1, grad_accum_steps=4)
+    flash = forward_times(ctx.shape, ctx.cluster, lay, precision="bf16", attention="flash")
+    eager = forward_times(ctx.shape, ctx.cluster, lay, precision="bf16", attention="eager")
+    kind = CATALOG[gpu]
+    share = (kind.flash_attention_efficiency or kind.matmul_efficiency) / kind.matmul_efficiency
+    assert flash.attn_f == pytest.approx(0.5 * eager.attn_f / share, rel=1e-9)
