@@ -280,12 +280,20 @@ def step_time(shape: ModelShape, cluster: Cluster, layout: Layout, *, precision:
         cp_bytes = layers * 3 * (cp - 1) * kv * m
 
     # Pipeline: one activation forward and one gradient backward per micro-batch and chunk; about
-    # half of it hides behind compute in the steady state.
+    # half of it hides behind compute in the steady state. Each TP rank sends to its peer over its
+    # own link. With SP a rank holds 1/t of the activation. Without SP every TP rank holds all of
+    # it: DDP/ZeRO-1 with TP are Megatron-LM's layouts (shardctl's runtime does not build them),
+    # and Megatron's scatter/gather (Narayanan et al. 2021, sec. 4.1; on by default) sends 1/t from
+    # each rank and all-gathers it over NVLink on arrival; shardctl's runtime
+    # (torch.distributed.pipelining) sends the whole tensor from each rank.
     pp_time = pp_bytes = 0.0
     if p > 1:
-        pp_msg = tokens * shape.hidden * e / (t if layout.sequence_parallel else 1)
+        full = tokens * shape.hidden * e
+        scatter_gather = t > 1 and not layout.sequence_parallel and layout.sharding in ("ddp", "zero1")
+        pp_msg = full / t if layout.sequence_parallel or scatter_gather else full
         pp_span = 2 * layout.dp * cp * t
-        pp_time = 0.5 * 2 * m * v * fabric.p2p(pp_msg, pp_span)
+        gather = fabric.all_gather(full, t, t) if scatter_gather else 0.0
+        pp_time = 0.5 * 2 * m * v * (fabric.p2p(pp_msg, pp_span) + gather)
         pp_bytes = 2 * m * v * pp_msg
 
     # Data parallel.

@@ -199,3 +199,18 @@ def test_flash_attention_runs_at_its_own_efficiency_and_eager_attention_at_the_g
     kind = CATALOG[gpu]
     share = (kind.flash_attention_efficiency or kind.matmul_efficiency) / kind.matmul_efficiency
     assert flash.attn_f == pytest.approx(0.5 * eager.attn_f / share, rel=1e-9)
+
+
+def test_megatron_pipelines_send_a_tp_ranks_slice_and_torch_pipelining_the_whole_activation() -> None:
+    # Without sequence parallelism every TP rank holds the whole stage output. Megatron-LM (DDP with
+    # TP, a layout only Megatron builds) scatters it: each rank sends 1/t and the receiver gathers
+    # over NVLink. shardctl's runtime (FSDP with TP) sends the whole tensor from each rank.
+    spec = make_spec(model={"preset": "gpt3-175b"}, training={"global_batch": 64, "precision": "fp16"},
+                     resources={"nodes": 8})
+    kw = {"tp": 8, "dp": 2, "pp": 4, "grad_accum_steps": 32, "pipeline_schedule": "1f1b",
+          "activation_checkpointing": "full"}
+    megatron = estimate(spec, layout(sharding="ddp", dp_shard=1, sequence_parallel=False, **kw))
+    megatron_sp = estimate(spec, layout(sharding="ddp", dp_shard=1, sequence_parallel=True, **kw))
+    torch_pp = estimate(spec, layout(sharding="fsdp", dp_shard=2, sequence_parallel=False, **kw))
+    assert megatron.comm.pp == pytest.approx(megatron_sp.comm.pp, rel=1e-9)
+    assert torch_pp.comm.pp == pytest.approx(8 * megatron.comm.pp, rel=1e-9)
