@@ -54,6 +54,12 @@ FLOP_CONVENTION = (
 CAUSAL_ATTENTION_SHARE = 0.5
 ATTENTION_KERNEL_SHARE: dict[str, float] = {"flash": CAUSAL_ATTENTION_SHARE, "eager": 1.0}
 COMM_EFFICIENCY = 0.8
+#: Fraction of the HBM peak that streaming kernels sustain: the `scale` kernel of cuda-stream (one
+#: load and one store stream, te42kyfo/gpu-benches README) reaches 788 of V100's 900 GB/s.
+HBM_STREAM_EFFICIENCY = 0.87
+#: HBM passes of a memory-bound op (norm, activation, residual add, softmax, dropout) per byte of
+#: the activation it stores: it reads its input and writes its output.
+MEMORY_BOUND_PASSES = 2
 DDP_BUCKET_BYTES = 25 * 2**20
 KERNELS_PER_LAYER = 25
 CPU_OPTIMIZER_GBPS_PER_NODE = 200.0
@@ -197,7 +203,7 @@ def forward_times(shape: ModelShape, cluster: Cluster, layout: Layout, *, precis
     s_loc = shape.seq_len // cp
     tokens = b * s_loc
     e = activation_element_bytes(precision)
-    hbm = gpu.hbm_gbps * 1e9
+    hbm = gpu.hbm_gbps * 1e9 * HBM_STREAM_EFFICIENCY
     # fp8 runs only the linear layers' GEMMs in fp8: attention and the output layer stay bf16.
     dense = gpu.peak_tflops["bf16" if precision == "fp8" else precision] * 1e12
     eff = _efficiency(cluster, tokens, shape.hidden / t)
@@ -215,7 +221,7 @@ def forward_times(shape: ModelShape, cluster: Cluster, layout: Layout, *, precis
     act_bytes = layer_activation_bytes(
         shape, micro_batch=b, seq_local=s_loc, tp=t, sequence_parallel=layout.sequence_parallel,
         checkpointing="none", attention=attention, precision=precision)
-    memory_bound = act_bytes / hbm + KERNELS_PER_LAYER * gpu.launch_overhead_s
+    memory_bound = MEMORY_BOUND_PASSES * act_bytes / hbm + KERNELS_PER_LAYER * gpu.launch_overhead_s
     layer_f = mm_f + attn_f + memory_bound
     op_recompute_f = op_recomputed_share(shape) * mm_f + memory_bound
     if cp > 1:
@@ -331,7 +337,7 @@ def step_time(shape: ModelShape, cluster: Cluster, layout: Layout, *, precision:
 
     # Optimizer step (memory-bound over the local shard) and offload traffic.
     shard = psi / layout.shard_group
-    optimizer_s = OPTIMIZER_STEP_BYTES[optimizer] * shard / (gpu.hbm_gbps * 1e9)
+    optimizer_s = OPTIMIZER_STEP_BYTES[optimizer] * shard / (gpu.hbm_gbps * 1e9 * HBM_STREAM_EFFICIENCY)
     offload_s = offload_bytes = 0.0
     if layout.offload != "none":
         node_share = min(cluster.gpus_per_node, cluster.world_size)

@@ -6,6 +6,7 @@ import pytest
 
 from service.planner import InvalidSpec, Layout, estimate
 from service.planner.hardware import CATALOG, resolve_cluster
+from service.planner.memory import layer_activation_bytes
 from service.planner.models import resolve_model
 from service.planner.search import resolve
 from service.planner.timing import forward_times, model_flops_per_step, recompute_flops_per_step
@@ -214,3 +215,20 @@ def test_megatron_pipelines_send_a_tp_ranks_slice_and_torch_pipelining_the_whole
     torch_pp = estimate(spec, layout(sharding="fsdp", dp_shard=2, sequence_parallel=False, **kw))
     assert megatron.comm.pp == pytest.approx(megatron_sp.comm.pp, rel=1e-9)
     assert torch_pp.comm.pp == pytest.approx(8 * megatron.comm.pp, rel=1e-9)
+
+
+def test_memory_bound_work_reads_and_writes_each_activation_at_the_sustained_hbm_rate() -> None:
+    # Norms, activations, residual adds: each reads its input and writes its output (two passes over
+    # the bytes the layer stores) at the 87% of peak HBM bandwidth streaming kernels sustain.
+    def layer_f(hbm_gbps: float) -> float:
+        spec = make_spec(resources={"gpu": {"name": "H100-SXM-80GB", "hbm_gbps": hbm_gbps}})
+        ctx = resolve(spec)
+        return forward_times(ctx.shape, ctx.cluster, layout(), precision="bf16", attention="flash").layer_f
+
+    ctx = resolve(make_spec())
+    lay = layout()
+    stored = layer_activation_bytes(ctx.shape, micro_batch=lay.micro_batch, seq_local=ctx.shape.seq_len, tp=1,
+                                    sequence_parallel=False, checkpointing="none", attention="flash",
+                                    precision="bf16")
+    expected = 2 * stored / 0.87 * (1 / 1000e9 - 1 / 2000e9)
+    assert layer_f(1000) - layer_f(2000) == pytest.approx(expected, rel=1e-9)
