@@ -8,6 +8,7 @@ fp32 parameters and gradients; the optimizer's state is fp32 on top):
 | ddp | 4Ψ | 4Ψ | KΨ |
 | zero1 (ZeroRedundancyOptimizer) | 4Ψ | 4Ψ | KΨ/N |
 | zero2, zero3/fsdp, hsdp (FSDP2) | 4Ψ/N | 4Ψ/N | KΨ/N |
+| the same under a pipeline (pp > 1) | 4Ψ/N + 2Ψ unsharded | 4Ψ/N + 4Ψ unsharded | KΨ/N |
 
 with K = 8 (Adam/AdamW: m and v), 4 (SGD momentum), 2 (8-bit Adam). DDP and FSDP totals equal
 ZeRO's (2+2+12)Ψ and (2+2+12)Ψ/N; PyTorch's ZeRO-1 does not shard the fp32 master weights, so
@@ -107,8 +108,16 @@ def model_state_bytes(psi: float, largest_unit: float, layout: Layout, precision
         params, grads, opt = 4 * psi / n, 4 * psi / n, k * psi / n
         # One unit's gradients in low precision plus their fp32 reduce-scatter input.
         reduce = (lowp + 4) * largest_unit
-        if sharding == "zero2":
-            comm = lowp * psi + reduce  # unsharded params stay from forward to backward
+        if sharding == "zero2" or layout.pp > 1:
+            # zero2: unsharded params stay from forward to backward. Under a pipeline,
+            # torch.distributed.pipelining (shardctl's runtime, torchtitan) keeps a stage's
+            # parameters unsharded from its first micro-batch's backward to the last
+            # (`set_reshard_after_backward(False)`) and accumulates unsharded gradients in the
+            # fp32 reduce dtype (`set_requires_gradient_sync(False)`) until the last backward
+            # reduce-scatters them.
+            comm = lowp * psi + reduce
+            if layout.pp > 1:
+                grads += 4 * psi
         else:
             comm = 2 * lowp * largest_unit + reduce  # current unit + the prefetched next one
     cpu = 0.0

@@ -131,8 +131,9 @@ def test_the_405b_example_comment_is_true() -> None:
     assert p.fits and "needs tensor parallelism" in comment and f"tp={p.layout.tp}" in comment and p.layout.tp > 1
     assert p.layout.pp == 1 and "Pipeline parallelism is not needed" in comment
     assert f"about {p.memory.total / GIB:.0f} GiB per GPU" in comment
-    pp2 = [a for a in p.alternatives if a.layout.pp == 2]
-    assert pp2 and f"about {pp2[0].step_s / p.time.step_s - 1:.0%} slower" in comment
+    piped = [a for a in p.alternatives if a.layout.pp > 1]
+    assert piped and (f"the best pipeline layout (pp={piped[0].layout.pp}) is about"
+                      f" {piped[0].step_s / p.time.step_s - 1:.0%} slower") in comment
 
 
 def test_the_preset_list_the_spec_schema_points_to_is_in_plan_help() -> None:
