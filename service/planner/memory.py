@@ -116,8 +116,6 @@ def model_state_bytes(psi: float, largest_unit: float, layout: Layout, precision
             # fp32 reduce dtype (`set_requires_gradient_sync(False)`) until the last backward
             # reduce-scatters them.
             comm = lowp * psi + reduce
-            if layout.pp > 1:
-                grads += 4 * psi
         else:
             comm = 2 * lowp * largest_unit + reduce  # current unit + the prefetched next one
     cpu = 0.0
@@ -126,6 +124,8 @@ def model_state_bytes(psi: float, largest_unit: float, layout: Layout, precision
     elif layout.offload == "params":
         cpu = params + grads + opt
         params = grads = opt = 0.0
+    if sharding not in ("ddp", "zero1") and layout.pp > 1:
+        grads += 4 * psi  # the unsharded accumulators live on the GPU, offloaded or not
     return ModelStates(params=params, grads=grads, optimizer=opt, comm_buffers=comm, cpu_bytes=cpu)
 
 

@@ -12,21 +12,25 @@ What the planner does with that cluster and spec, and why it differs from Meta (
   tp=8. At 131K it is tp=4 with cp=32: since a cross-node collective gets one NIC per rank of its
   group in each node (`Cluster.collective_gbps`), the FSDP group of tp=4 (2 ranks per node) moves
   its gathers twice as fast as tp=8's, and op-level checkpointing fits at tp=4 (64 of 80 GiB) where
-  at tp=8 it leaves too little free memory (77 GiB), so tp=8 needs full checkpointing (about 7%
-  slower in the model).
-- It chooses fewer pipeline stages than Meta's 16, with full activation checkpointing: pp=2 with
-  the interleaved schedule at 8K, and pp=1 or 2 at 131K (FSDP over dp x cp leaves a 405B model
-  room without a pipeline). Its memory model gives Meta's layout without checkpointing about
-  88 GiB per GPU even with the parameters offloaded (1F1B; interleaving adds in-flight
-  micro-batches); Meta fitted it in 80 GiB with balancing the planner does not model (one layer
-  fewer on the first and last stages, stage inputs and outputs freed early). With checkpointing
-  the activations no longer bind, and fewer stages mean less bubble, so the test does not pin pp
-  for the free choice.
-- For Meta's mesh it predicts about 22% MFU at 8K and 27% at 131K against the published 41% and
-  38%: the model charges recompute (Meta had none at 8K) and more exposed data-parallel
-  communication than Meta's overlapped run shows. The test holds the prediction to between half
-  and 1.1 times the published figure, a band that catches the model getting worse; it is not
-  evidence of accuracy at this scale (benchmarks/prediction_error.py is where that is measured).
+  at tp=8 it leaves too little free memory (77 GiB), so tp=8 needs full checkpointing, which
+  replays the attention that dominates at 131K tokens (about 26% slower in the model).
+- It chooses fewer pipeline stages than Meta's 16: pp=1 at 8K (full checkpointing) and at 131K
+  (FSDP over dp x cp leaves a 405B model room without a pipeline, and a fully sharded pipeline
+  stage keeps its parameters and fp32 gradients whole across its micro-batches,
+  `memory.model_state_bytes`, so a few large stages cost more memory than they save). Its memory
+  model gives Meta's layout without checkpointing about 107 GiB per GPU even with the parameters
+  offloaded (1F1B; 77 GiB of activations, and the stage's unsharded bf16 parameters and fp32
+  gradients stay on the GPU; interleaving adds in-flight micro-batches); Meta fitted it in 80 GiB
+  with balancing the planner does not model (one layer fewer on the first and last stages, stage
+  inputs and outputs freed early). With checkpointing the activations no longer bind, and fewer
+  stages mean less bubble, so the test does not pin pp for the free choice.
+- For Meta's mesh it predicts about 22% MFU at 8K and 21% at 131K against the published 41% and
+  38%: the model charges recompute (Meta had none at 8K), more exposed data-parallel
+  communication than Meta's overlapped run shows, and at 131K flash attention at
+  FlashAttention-2's efficiency on H100 (Meta ran its own attention kernels). The test holds the
+  prediction to between half and 1.1 times the published figure, a band that catches the model
+  getting worse; it is not evidence of accuracy at this scale (benchmarks/prediction_error.py is
+  where that is measured).
 """
 
 from __future__ import annotations

@@ -224,6 +224,10 @@ def test_a_sharded_pipeline_stage_keeps_its_params_and_fp32_grads_unsharded(shar
     assert piped.params == flat.params and piped.optimizer == flat.optimizer  # the shards
     assert piped.grads == flat.grads + 4 * psi
     assert piped.comm_buffers == 2 * psi + (2 + 4) * unit
+    if sharding == "fsdp":  # offloading moves the shards to the host, not the accumulators
+        offloaded = model_state_bytes(psi, unit, layout(pp=2, pipeline_schedule="1f1b", offload="params", **kw),
+                                      "bf16", "adamw")
+        assert offloaded.grads == 4 * psi and offloaded.params == 0
 
 
 def test_ddp_gradients_are_views_into_its_buckets() -> None:
