@@ -8,11 +8,13 @@ fp32 parameters and gradients; the optimizer's state is fp32 on top):
 | ddp | 4Ψ | 4Ψ | KΨ |
 | zero1 (ZeroRedundancyOptimizer) | 4Ψ | 4Ψ | KΨ/N |
 | zero2, zero3/fsdp, hsdp (FSDP2) | 4Ψ/N | 4Ψ/N | KΨ/N |
-| the same under a pipeline (pp > 1) | 4Ψ/N + 2Ψ unsharded | 4Ψ/N + 4Ψ unsharded | KΨ/N |
 
 with K = 8 (Adam/AdamW: m and v), 4 (SGD momentum), 2 (8-bit Adam). DDP and FSDP totals equal
 ZeRO's (2+2+12)Ψ and (2+2+12)Ψ/N; PyTorch's ZeRO-1 does not shard the fp32 master weights, so
 it saves less than the paper's P_os (8Ψ + 8Ψ/N instead of 4Ψ + 12Ψ/N).
+
+Under a pipeline (pp > 1) the fully sharded modes also hold the stage's unsharded bf16 parameters
+and fp32 gradient accumulators during the step (2Ψ + 4Ψ, counted with the communication buffers).
 
 Activations follow Korthikanti et al. (2022), generalised to grouped-query attention, SwiGLU,
 RMSNorm, no dropout and flash attention; see `layer_activation_bytes`.
@@ -125,7 +127,9 @@ def model_state_bytes(psi: float, largest_unit: float, layout: Layout, precision
         cpu = params + grads + opt
         params = grads = opt = 0.0
     if sharding not in ("ddp", "zero1") and layout.pp > 1:
-        grads += 4 * psi  # the unsharded accumulators live on the GPU, offloaded or not
+        # The unsharded fp32 accumulators exist during the step only (the runtime's `grads` after a
+        # step are the shards), and they live on the GPU, offloaded or not.
+        comm += 4 * psi
     return ModelStates(params=params, grads=grads, optimizer=opt, comm_buffers=comm, cpu_bytes=cpu)
 
 
