@@ -190,8 +190,8 @@ class RequestGate:
                                   str(scope.get("method", "GET")))
 
     def _authenticate(self, secret: str) -> Principal | None:
-        with self.api.state.sessions.begin() as session:
-            return authenticate(session, secret, job_token_grace_s=self.api.state.settings.job_token_grace_s)
+        with self.api.state.engine.begin() as conn:  # one read: no ORM session
+            return authenticate(conn, secret, job_token_grace_s=self.api.state.settings.job_token_grace_s)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -9,6 +9,7 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Any
 
+import anyio.to_thread
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
@@ -28,7 +29,9 @@ MISSING_TOKEN = "missing bearer token: send 'Authorization: Bearer shc_...'"
 BAD_TOKEN = "unknown, revoked or expired token"
 
 
-def get_db(request: Request) -> sessionmaker[Session]:
+async def get_db(request: Request) -> sessionmaker[Session]:
+    """The app's session factory. `async`, as the role checks below: FastAPI runs a plain function
+    dependency in a worker thread, a thread hop per dependency on every request for no I/O."""
     factory: sessionmaker[Session] = request.app.state.sessions
     return factory
 
@@ -78,11 +81,19 @@ def forwarded_identity(settings: Settings, sessions: sessionmaker[Session], head
         raise ApiError(exc.status, "forbidden" if exc.status == 403 else "bad_request", exc.message) from None
 
 
-def get_principal(request: Request, db: Db,
-                  credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Principal:
+async def get_principal(request: Request,
+                        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Principal:
+    """The caller: what the request gate found already (routes with a body), or else looked up in a
+    worker thread (the database is blocking I/O). The sessions are the app's, read here rather than
+    through `Db`: every dependency FastAPI solves costs each request of every route."""
     known = request.scope.get(PRINCIPAL_SCOPE_KEY)
     if isinstance(known, Principal):  # the request gate checked this request's token already
         return known
+    return await anyio.to_thread.run_sync(_principal, request, request.app.state.sessions, credentials)
+
+
+def _principal(request: Request, db: sessionmaker[Session], credentials: HTTPAuthorizationCredentials | None
+               ) -> Principal:
     settings: Settings = request.app.state.settings
     if settings.forwarded_auth:
         forwarded = forwarded_identity(settings, db, request.headers,
@@ -105,20 +116,20 @@ def get_principal(request: Request, db: Db,
 Caller = Annotated[Principal, Depends(get_principal)]
 
 
-def require_admin(principal: Caller) -> Principal:
+async def require_admin(principal: Caller) -> Principal:
     if principal.role != "admin":
         raise ApiError(403, "forbidden", "this needs an admin token")
     return principal
 
 
-def require_person(principal: Caller) -> Principal:
+async def require_person(principal: Caller) -> Principal:
     """Admins and team members; job tokens may only report on their job."""
     if principal.role == "job":
         raise ApiError(403, "forbidden", "a job token can only report on its own job")
     return principal
 
 
-def require_reporter(principal: Caller) -> Principal:
+async def require_reporter(principal: Caller) -> Principal:
     """A job's own token, or an admin: those who report measurements and profiles on a job."""
     if principal.role == "member":
         raise ApiError(403, "forbidden", "only the job's own token (or an admin) reports on a job")

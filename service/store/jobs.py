@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVarTuple
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import Connection, Insert, Select, bindparam, func, insert, select
 from sqlalchemy.orm import Session, selectinload, undefer
 
 from service.backend_options import BackendKind
@@ -21,7 +21,7 @@ from service.planner.result import Plan
 from service.spec import TrainingSpec
 from service.store.event_feed import committed_horizon
 from service.store.job_sort import DEFAULT_SORT, JobCursor, JobSort, SortField, cursor_after, segments
-from service.store.models import Event, IdempotencyKey, Job, Measurement, Team
+from service.store.models import Event, IdempotencyKey, Job, Measurement, Team, utcnow
 from service.store.queue_view import invalidate as invalidate_queue_view
 from service.store.states import TERMINAL, add_event, transition
 from service.store.tokens import Conflict, NotFound, Principal
@@ -252,6 +252,41 @@ def add_measurement(session: Session, principal: Principal, job: Job, kind: Meas
         add_event(session, job, actor=principal.actor, kind=EventKind.measurement(kind), message=f"{kind} received")
     session.flush()
     return row
+
+
+def _heartbeat_insert(*, team: bool) -> Insert:
+    """INSERT INTO measurements ... SELECT FROM jobs WHERE id = :job_id [AND team_id = :team_id]."""
+    jobs, measurements = Job.__table__, Measurement.__table__
+    source = select(jobs.c.id, bindparam("kind", type_=measurements.c.kind.type),
+                    bindparam("at", type_=measurements.c.at.type),
+                    bindparam("data", type_=measurements.c.data.type)).where(jobs.c.id == bindparam("job_id"))
+    if team:
+        source = source.where(jobs.c.team_id == bindparam("team_id"))
+    return insert(Measurement).from_select(["job_id", "kind", "at", "data"], source).returning(Measurement.id)
+
+
+#: Built once (a running job sends one every few seconds): for admins and job tokens, and for members.
+_HEARTBEAT = _heartbeat_insert(team=False)
+_TEAM_HEARTBEAT = _heartbeat_insert(team=True)
+
+
+def add_heartbeat(conn: Connection, principal: Principal, job_id: int, data: dict[str, Any]) -> datetime:
+    """Store a heartbeat of job `job_id` with `data`; returns the time stored with it. The same rule as
+    `visible_job`: a job the principal may not see, or that does not exist, is `NotFound` and nothing is
+    stored. One statement and no job loaded (a heartbeat comes from every running job every few
+    seconds): the row is inserted from the job's row, which the principal's rule filters. No event,
+    as `add_measurement` writes none for a heartbeat. `conn` is a Core connection in a transaction."""
+    if principal.role == Role.JOB and principal.job_id != job_id:
+        raise NotFound(f"no job {job_id}")
+    at = utcnow()
+    values = {"kind": MeasurementKind.HEARTBEAT, "at": at, "data": data, "job_id": job_id}
+    if principal.role == Role.MEMBER:
+        stored = conn.execute(_TEAM_HEARTBEAT, {**values, "team_id": principal.team_id}).first()
+    else:
+        stored = conn.execute(_HEARTBEAT, values).first()
+    if stored is None:
+        raise NotFound(f"no job {job_id}")
+    return at
 
 
 def latest_measurements(session: Session, job: Job) -> dict[MeasurementKind, Measurement]:

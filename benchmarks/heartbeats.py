@@ -1,0 +1,134 @@
+"""Server CPU per job heartbeat, in PostgreSQL, next to the framework's own `/healthz` (issue 17).
+
+It creates its own database `shardctl_bench_heartbeats_<random>` on the server of `--postgres-url`
+(`scratch_db`: migrated, dropped at the end, also on errors), inserts `--jobs` RUNNING jobs and mints
+each its job token (as the dispatcher does at submission). It starts the API as its own process
+(`uvicorn --factory service.api.app:create_app`, as `benchmarks/api_load.py` does) and, `--rounds`
+times, every job posts one heartbeat (`POST /v1/jobs/{id}/measurements`, kind `heartbeat`, the `data`
+the runtime sends: step, loss, tokens/s) with its own token over one keep-alive connection, one request
+at a time; each round is followed by as many `GET /healthz` (no auth, no database): the floor any
+request through this server and framework costs. The figure is the CPU time of the API server's
+process (Linux /proc, user + system) per request, so the load generator's own CPU is not counted,
+and heartbeat - healthz is the heartbeat's own server work (authentication, the body's checks, the
+handler and its database round trips; PostgreSQL's own CPU is another process and not counted).
+
+Goal: 1,000 running jobs, one heartbeat each every 10 s, under 10% of one core: at most 1 ms of
+server CPU per heartbeat beyond the floor. It prints the implied share of one core at `--jobs` /
+`--every-s` per second.
+
+    .venv/bin/python benchmarks/heartbeats.py [--jobs 1000] [--rounds 3] [--every-s 10] [--postgres-url URL]
+
+It exits 0 whether or not the goal is met: it is a measurement, not a test. Run it on a quiet machine:
+it prints the load average before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+from api_load import api_server
+from scratch_db import scratch_database
+from sqlalchemy import JSON, column, insert, table, text
+
+from service.planner import plan
+from service.spec import TrainingSpec
+from service.store.db import make_engine, make_sessionmaker
+from service.store.models import Job, Team
+from service.store.tokens import create_token
+from service.store.vocab import Role
+
+TINY: dict[str, Any] = {"name": "bench", "model": {"preset": "llama-tiny"},
+                        "training": {"global_batch": 2, "precision": "fp32", "steps": 100},
+                        "resources": {"gpu": "cpu", "gpus_per_node": 1, "nodes": 1}}
+GOAL_MS = 1.0
+
+
+def seed(url: str, n_jobs: int) -> dict[int, str]:
+    """`n_jobs` RUNNING jobs; returns job id -> its job token."""
+    spec = TrainingSpec.model_validate(TINY)
+    planned = plan(spec)
+    engine = make_engine(url)
+    now = datetime.now(UTC)
+    with engine.begin() as conn:
+        team = int(conn.execute(insert(Team).values(name="bench", created_at=now).returning(Team.id)).scalar_one())
+        rows = table("jobs", *(column(c.name) for c in Job.__table__.columns if c.name not in ("spec", "plan")),
+                     column("spec", JSON()), column("plan", JSON()))
+        conn.execute(insert(rows), [
+            {"id": i, "name": f"bench-{i}", "team_id": team, "status": "RUNNING", "backend": "local", "priority": 0,
+             "spec": spec.model_dump(mode="json"), "plan": planned.model_dump(mode="json"), "layout": "dp1",
+             "predicted_step_s": 1.0, "created_by": "admin:seed", "created_at": now, "updated_at": now,
+             "finished_at": None, "lease_owner": None, "lease_expires_at": None, "gpu": "cpu", "gpus": 1,
+             "pool": None, "admitted_at": now, "predicted_s": 100.0} for i in range(1, n_jobs + 1)])
+        conn.execute(text("SELECT setval(pg_get_serial_sequence('jobs', 'id'), :n)"), {"n": n_jobs})
+    tokens = {}
+    with make_sessionmaker(engine).begin() as session:
+        for job_id in range(1, n_jobs + 1):
+            tokens[job_id] = create_token(session, role=Role.JOB, job_id=job_id, name=f"shardctl-{job_id}-1")[1]
+    engine.dispose()
+    return tokens
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--jobs", type=int, default=1000)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--every-s", type=float, default=10.0)
+    p.add_argument("--postgres-url", default=os.environ.get("SHARDCTL_TEST_POSTGRES_URL"))
+    args = p.parse_args(argv)
+    base = args.postgres_url or subprocess.run(["bash", "deploy/postgres.sh"], capture_output=True, text=True,
+                                               check=True).stdout.strip()
+    load = os.getloadavg()
+    print(f"== heartbeats: {args.jobs:,} running jobs, one heartbeat each per round, PostgreSQL, the API in its"
+          f" own process; load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs")
+    with scratch_database(base, "heartbeats") as url, tempfile.TemporaryDirectory(prefix="shardctl-bench-") as tmp:
+        tokens = seed(url, args.jobs)
+        beat_ms: list[float] = []
+        health_ms: list[float] = []
+        client_ms: list[float] = []
+        with api_server(url, 1, Path(tmp)) as server, httpx.Client(base_url=server.base, timeout=30) as client:
+            def heartbeat(job_id: int, token: str, step: int) -> None:
+                r = client.post(f"/v1/jobs/{job_id}/measurements", headers={"Authorization": f"Bearer {token}"},
+                                json={"kind": "heartbeat", "data": {"step": step, "loss": 2.5, "tokens_per_s": 4096.0}})
+                if r.status_code != 201:
+                    raise SystemExit(f"heartbeat of job {job_id} answered {r.status_code}: {r.text}")
+
+            for job_id, token in list(tokens.items())[:50]:  # warm-up: connections, prepared statements
+                heartbeat(job_id, token, 0)
+                client.get("/healthz")
+            for rnd in range(args.rounds):
+                start, mine = server.cpu_seconds(), time.process_time()
+                for job_id, token in tokens.items():
+                    heartbeat(job_id, token, 10 * (rnd + 1))
+                beat_ms.append((server.cpu_seconds() - start) * 1000 / len(tokens))
+                client_ms.append((time.process_time() - mine) * 1000 / len(tokens))
+                start = server.cpu_seconds()
+                for _ in tokens:
+                    client.get("/healthz")
+                health_ms.append((server.cpu_seconds() - start) * 1000 / len(tokens))
+        beat, health = statistics.median(beat_ms), statistics.median(health_ms)
+        own = beat - health
+        rate = args.jobs / args.every_s
+        print(f"{'API server CPU':<26} {'ms/request (median of rounds)':>30}  rounds")
+        print(f"{'heartbeat':<26} {beat:>30.3f}  " + " ".join(f"{v:.3f}" for v in beat_ms))
+        print(f"{'/healthz (the floor)':<26} {health:>30.3f}  " + " ".join(f"{v:.3f}" for v in health_ms))
+        print(f"{'heartbeat - healthz':<26} {own:>30.3f}  goal <= {GOAL_MS:.1f}")
+        print(f"ratio heartbeat/healthz: {beat / health:.2f}; the load generator's CPU per heartbeat (not"
+              f" counted above): {statistics.median(client_ms):.3f} ms")
+        print(f"at {args.jobs:,} jobs every {args.every_s:.0f} s ({rate:.0f}/s): {rate * beat / 10:.1f}% of one core"
+              f" for the API server, {rate * own / 10:.1f}% for the heartbeat's own work; goal under 10%")
+        print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
