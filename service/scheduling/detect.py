@@ -65,6 +65,9 @@ def nvidia_gpus() -> list[str]:
     return kinds
 
 
+_POWER_VARIANT = re.compile(r"-\d+W$")
+
+
 def _mib(text: str) -> int | None:
     text = text.strip()
     return int(text) if text.isdigit() else None
@@ -73,10 +76,12 @@ def _mib(text: str) -> int | None:
 def catalog_kind(name: str, memory_mib: int | None = None) -> str:
     """The GPU catalog's name for what nvidia-smi calls `name` (e.g. "NVIDIA H100 80GB HBM3" ->
     H100-SXM-80GB): the catalog entry of the same family (H100, A100, ...), PCIe when the name says
-    so, else SXM, the closest in memory. A GPU the catalog lacks keeps nvidia-smi's name, in the
-    catalog's spelling (e.g. RTX-4090), so that specs name it as an inline GPU."""
+    so, else SXM, the closest in memory. Entries for a power-limited variant (a name ending in a
+    wattage, e.g. H100-SXM-96GB-500W) are never guessed: nvidia-smi's name does not tell the power
+    limit, so an operator names such a kind in the pool configuration. A GPU the catalog lacks keeps
+    nvidia-smi's name, in the catalog's spelling (e.g. RTX-4090), so that specs name it as an inline GPU."""
     words = re.findall(r"[A-Za-z0-9]+", name.upper())
-    family = [k for k in CATALOG if k != "cpu" and k.split("-")[0].upper() in words]
+    family = [k for k in CATALOG if k != "cpu" and k.split("-")[0].upper() in words and not _POWER_VARIANT.search(k)]
     if not family:
         plain = "-".join(w for w in re.findall(r"[A-Za-z0-9]+", name) if w.upper() not in ("NVIDIA", "GEFORCE"))
         return plain[:64] or "gpu"

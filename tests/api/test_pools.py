@@ -162,6 +162,8 @@ def test_the_pools_file_is_loaded_at_start_and_replaces_what_it_loaded_before(en
     ("NVIDIA H200", 143771, "H200-SXM-141GB"), ("NVIDIA A100-SXM4-40GB", 40960, "A100-SXM-40GB"),
     ("NVIDIA A100-SXM4-80GB", 81920, "A100-SXM-80GB"), ("NVIDIA L40S", 46068, "L40S-48GB"),
     ("NVIDIA GeForce RTX 4090", 24564, "RTX-4090"),
+    # 94 GiB is nearest the 500 W Grand Teton entry's 95, which nvidia-smi's name cannot identify
+    ("NVIDIA H100 NVL", 95830, "H100-SXM-80GB"),
 ])
 def test_nvidia_smi_names_map_to_the_gpu_catalog(name: str, mib: int, kind: str) -> None:
     assert catalog_kind(name, mib) == kind
