@@ -72,6 +72,31 @@ FP8_SCALING_BYTES = 6
 OP_RECOMPUTE_TP_COLLECTIVES = 1
 
 
+def fsdp_copy_bytes(precision: Precision, *, gathers: int) -> tuple[float, float]:
+    """HBM bytes that FSDP2 (`fully_shard`) moves around its collectives, as a pair: (bytes per
+    unit parameter per micro-batch on the compute stream, bytes per shard element per all-gather
+    on the all-gather copy-in stream). Source: torch `distributed/fsdp/_fully_shard/_fsdp_collectives.py`.
+
+    Compute stream (compute waits for these):
+    - after each all-gather, `foreach_all_gather_copy_out` splits the gathered flat buffer into the
+      per-parameter tensors (`split_with_sizes_copy`): each parameter read and written in the
+      compute dtype, 2 x lowp, `gathers` times per micro-batch (2 when a unit is resharded after
+      forward, 1 for zero2);
+    - before each reduce-scatter, `foreach_reduce_scatter_copy_in` concatenates the unit's
+      gradients (compute dtype) into the fp32 reduce-scatter input (`chunk_cat`, widening): lowp
+      read + 4 written. fp32 and bf16 reduce with NCCL's average (pytorch PRs 120919, 123362), so
+      there is no division pass.
+    Copy-in stream, before each all-gather (it delays the gather, not compute): under a
+    mixed-precision policy each fp32 shard is cast to the compute dtype (4 read + lowp written)
+    and copied into the all-gather input (lowp read + lowp written); fp32 has no policy and only
+    copies (4 + 4).
+    """
+    lowp = compute_param_bytes(precision)
+    per_micro_batch = gathers * 2 * lowp + lowp + 4
+    cast = 4 + lowp if precision != "fp32" else 0
+    return float(per_micro_batch), float(cast + 2 * lowp)
+
+
 def model_flops_per_step(shape: ModelShape, global_batch: int) -> float:
     """Model FLOPs of one optimizer step under `FLOP_CONVENTION`."""
     tokens = global_batch * shape.seq_len
@@ -309,7 +334,8 @@ def step_time(shape: ModelShape, cluster: Cluster, layout: Layout, *, precision:
     lowp = compute_param_bytes(precision)
     sharding = layout.sharding
     units = layers + 1
-    per_mb_dp = once_dp = dp_bytes = 0.0
+    hbm = gpu.hbm_gbps * 1e9 * HBM_STREAM_EFFICIENCY
+    per_mb_dp = once_dp = dp_bytes = fsdp_copy_s = copy_in_s = 0.0
     if sharding in ("ddp", "zero1"):
         ar = fabric.all_reduce(4 * psi, dp_n, dp_span)
         last_bucket = ar * min(1.0, DDP_BUCKET_BYTES / max(4 * psi, 1.0))
@@ -321,7 +347,12 @@ def step_time(shape: ModelShape, cluster: Cluster, layout: Layout, *, precision:
     else:
         n = layout.shard_group
         shard_span = t * n
-        ag = fabric.all_gather(lowp * psi, n, shard_span)
+        gathers = 1 if sharding == "zero2" else 2
+        if dp_n > 1:
+            copy_bytes, copy_in_bytes = fsdp_copy_bytes(precision, gathers=gathers)
+            fsdp_copy_s = copy_bytes * psi / hbm
+            copy_in_s = copy_in_bytes * psi / n / hbm
+        ag = fabric.all_gather(lowp * psi, n, shard_span) + copy_in_s
         rs = fabric.all_gather(4 * psi, n, shard_span)
         replicas = layout.replicas
         ar_rep = fabric.all_reduce(4 * psi / n, replicas, dp_span) if replicas > 1 else 0.0
@@ -329,7 +360,6 @@ def step_time(shape: ModelShape, cluster: Cluster, layout: Layout, *, precision:
         exposed_f = max(0.0, ag - t_f) + ag / units
         exposed_b = max(0.0, ag_b + rs + ar_rep - t_b - t_r) + (rs + ar_rep) / units
         per_mb_dp = exposed_f + exposed_b
-        gathers = 1 if sharding == "zero2" else 2
         if n > 1:
             dp_bytes = m * (n - 1) / n * (gathers * lowp * psi + 4 * psi)
         if replicas > 1:
@@ -337,7 +367,7 @@ def step_time(shape: ModelShape, cluster: Cluster, layout: Layout, *, precision:
 
     # Optimizer step (memory-bound over the local shard) and offload traffic.
     shard = psi / layout.shard_group
-    optimizer_s = OPTIMIZER_STEP_BYTES[optimizer] * shard / (gpu.hbm_gbps * 1e9 * HBM_STREAM_EFFICIENCY)
+    optimizer_s = OPTIMIZER_STEP_BYTES[optimizer] * shard / hbm
     offload_s = offload_bytes = 0.0
     if layout.offload != "none":
         node_share = min(cluster.gpus_per_node, cluster.world_size)
@@ -351,9 +381,10 @@ def step_time(shape: ModelShape, cluster: Cluster, layout: Layout, *, precision:
             offload_s = cpu_opt + max(0.0, offload_bytes / pcie - 0.5 * m * (t_f + t_b))
         optimizer_s = 0.0
 
-    compute_s = m * (t_f + t_b)
+    # FSDP2's copy-out and reduce-scatter copy-in run on the compute stream: compute time.
+    compute_s = m * (t_f + t_b + fsdp_copy_s)
     recompute_s = m * t_r
-    bubble_s = (p - 1) / v * (t_f + t_b + t_r) if p > 1 else 0.0
+    bubble_s = (p - 1) / v * (t_f + t_b + fsdp_copy_s + t_r) if p > 1 else 0.0
     comm_exposed = m * (tp_time + cp_time + per_mb_dp) + pp_time + once_dp
     return StepTime(
         compute_s=compute_s, recompute_s=recompute_s, comm_exposed_s=comm_exposed, bubble_s=bubble_s,

@@ -9,7 +9,8 @@ import pytest
 
 from service.planner import InvalidSpec, Layout, estimate, plan
 from service.planner.layout import divisors
-from service.planner.search import Base, Mesh
+from service.planner.runnable import has_gap
+from service.planner.search import DEFAULT_MIN_FREE_FRACTION, Base, Mesh
 from tests.conftest import make_spec
 
 # A 170M-parameter Llama on 2 nodes x 2 CPU processes with 3 GiB per process: DDP's 16 bytes per
@@ -23,7 +24,9 @@ SMALL = {
 
 
 def brute_force_best(spec) -> tuple[float, int]:
-    """Every layout, evaluated one by one with `estimate`, with no pruning at all."""
+    """Every layout, evaluated one by one with `estimate`, with no pruning at all: the best step
+    time among those the search ranks first (the runtime runs them and they leave the minimum free
+    memory; `Context.tier` 0), and how many layouts fit."""
     world = spec.resources.world_size
     best, fitting = float("inf"), 0
     for tp, cp, pp in itertools.product(divisors(world), repeat=3):
@@ -53,7 +56,9 @@ def brute_force_best(spec) -> tuple[float, int]:
                 continue
             if p.fits:
                 fitting += 1
-                best = min(best, p.time.step_s)
+                roomy = p.memory.total <= (1 - DEFAULT_MIN_FREE_FRACTION) * p.memory.gpu_memory
+                if roomy and not has_gap(lay, spec.training.precision):
+                    best = min(best, p.time.step_s)
     return best, fitting
 
 
@@ -63,7 +68,7 @@ def test_search_finds_the_same_best_step_time_as_brute_force() -> None:
     best, fitting = brute_force_best(spec)
     chosen = plan(spec)
     assert fitting > 0 and chosen.fits
-    # The search ranks in 0.2% buckets, then by memory: never slower than that.
+    # Within its first tier the search ranks in 0.2% buckets, then by memory: never slower than that.
     assert best <= chosen.time.step_s <= best * 1.002
     assert chosen.layout.sharding != "ddp"  # the states do not fit unsharded
 

@@ -6,10 +6,10 @@ import pytest
 
 from service.planner import InvalidSpec, Layout, estimate
 from service.planner.hardware import CATALOG, resolve_cluster
-from service.planner.memory import layer_activation_bytes
+from service.planner.memory import layer_activation_bytes, stage_params
 from service.planner.models import resolve_model
 from service.planner.search import resolve
-from service.planner.timing import forward_times, model_flops_per_step, recompute_flops_per_step
+from service.planner.timing import forward_times, model_flops_per_step, recompute_flops_per_step, step_time
 from service.spec import ModelSpec
 from tests.conftest import make_spec
 from tests.planner.test_memory import layout
@@ -232,3 +232,25 @@ def test_memory_bound_work_reads_and_writes_each_activation_at_the_sustained_hbm
                                     precision="bf16")
     expected = 2 * stored / 0.87 * (1 / 1000e9 - 1 / 2000e9)
     assert layer_f(1000) - layer_f(2000) == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize(("sharding", "precision", "per_param"), [
+    ("fsdp", "bf16", 2 * 2 * 2 + 2 + 4),  # two gathers' copy-out (2 x bf16 each) + bf16 grads into fp32
+    ("zero2", "bf16", 1 * 2 * 2 + 2 + 4),  # gathered once per micro-batch
+    ("fsdp", "fp32", 2 * 2 * 4 + 4 + 4),
+    ("ddp", "bf16", 0),
+])
+def test_fsdp_copies_around_its_collectives_are_compute_stream_time(sharding: str, precision: str,
+                                                                    per_param: int) -> None:
+    # FSDP2 copies each gathered flat buffer out into the parameters and each unit's gradients into
+    # the fp32 reduce-scatter input on the compute stream: bytes per parameter and micro-batch at
+    # the sustained HBM rate, on top of the layers' own time. DDP has no such copies.
+    ctx = resolve(make_spec(training={"precision": precision}))
+    lay = layout(sharding=sharding, dp_shard=1 if sharding == "ddp" else 8, grad_accum_steps=4)
+    fwd = forward_times(ctx.shape, ctx.cluster, lay, precision=precision, attention="flash")
+    t = step_time(ctx.shape, ctx.cluster, lay, precision=precision, optimizer="adamw", attention="flash",
+                  forward=fwd)
+    layers_only = 4 * 3 * (fwd.layers * fwd.layer_f + fwd.head_f)
+    psi = stage_params(ctx.shape, lay).first
+    hbm = ctx.cluster.gpu.hbm_gbps * 1e9 * 0.87
+    assert t.compute_s - layers_only == pytest.approx(4 * per_param * psi / hbm, rel=1e-9, abs=1e-12)

@@ -103,15 +103,16 @@ def test_a_layout_with_too_little_free_memory_loses_to_a_slower_one_with_room_an
 
 
 def test_a_simpler_layout_wins_a_near_tie_and_the_plan_says_so() -> None:
-    # A few-MB model on 2 CPU processes: FSDP is about 2% faster than DDP in the model, within 3%.
+    # A few-MB model on 2 CPU processes: ZeRO-2 and FSDP are 0.5-1% faster than DDP in the model
+    # (less exposed communication, a little more compute for FSDP2's copies), within 3%.
     spec = make_spec(model={"preset": "llama-tiny"}, training={"global_batch": 8, "precision": "fp32"},
                      resources={"gpu": "cpu", "gpus_per_node": 2, "nodes": 1})
     p = plan(spec)
     assert p.layout.sharding == "ddp"
-    fastest = min([p.time.step_s] + [a.step_s for a in p.alternatives])
-    assert p.time.step_s <= fastest * (1 + SIMPLER_WITHIN)
+    fastest = min(p.alternatives, key=lambda a: a.step_s)
+    assert fastest.step_s < p.time.step_s <= fastest.step_s * (1 + SIMPLER_WITHIN)
     line = next(x for x in p.explanation if x.startswith("Simplicity decided"))
-    assert "ddp rather than fsdp" in line and f"{SIMPLER_WITHIN:.0%} near-tie" in line
+    assert f"ddp rather than {fastest.layout.sharding}" in line and f"{SIMPLER_WITHIN:.0%} near-tie" in line
 
 
 def test_the_minimum_free_fraction_is_checked() -> None:
