@@ -57,7 +57,7 @@ from service.planner.result import Plan
 from service.settings import Settings
 from service.spec import TrainingSpec
 from service.store.calibration import CalibrationSource
-from service.store.db import make_engine, make_sessionmaker
+from service.store.db import make_engine, make_sessionmaker, one_statement
 from service.store.tokens import Principal, authenticate
 
 LaunchPreview = Callable[[TrainingSpec, Plan], dict[str, Any] | None]
@@ -190,7 +190,7 @@ class RequestGate:
                                   str(scope.get("method", "GET")))
 
     def _authenticate(self, secret: str) -> Principal | None:
-        with self.api.state.engine.begin() as conn:  # one read: no ORM session
+        with one_statement(self.api.state.engine) as conn:  # one read: no ORM session, no transaction
             return authenticate(conn, secret, job_token_grace_s=self.api.state.settings.job_token_grace_s)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

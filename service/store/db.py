@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -88,3 +90,17 @@ def make_engine(url: str) -> Engine:
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
+
+
+@contextmanager
+def one_statement(engine: Engine) -> Iterator[Connection]:
+    """A connection for work that is one SQL statement, atomic by itself. On PostgreSQL it runs in
+    autocommit: one round trip, where a transaction adds a BEGIN and a COMMIT (psycopg sends each as
+    its own). On SQLite it is a transaction as any other (`BEGIN IMMEDIATE`, see `make_engine`).
+    Whatever must not happen unless the statement succeeds comes after it; nothing rolls back."""
+    if engine.dialect.name == "postgresql":
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            yield conn
+    else:
+        with engine.begin() as conn:
+            yield conn

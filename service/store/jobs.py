@@ -270,15 +270,17 @@ _HEARTBEAT = _heartbeat_insert(team=False)
 _TEAM_HEARTBEAT = _heartbeat_insert(team=True)
 
 
-def add_heartbeat(conn: Connection, principal: Principal, job_id: int, data: dict[str, Any]) -> datetime:
-    """Store a heartbeat of job `job_id` with `data`; returns the time stored with it. The same rule as
+def add_heartbeat(conn: Connection, principal: Principal, job_id: int, data: dict[str, Any], *,
+                  at: datetime | None = None) -> datetime:
+    """Store a heartbeat of job `job_id` with `data` at `at` (default now); returns that time. The same rule as
     `visible_job`: a job the principal may not see, or that does not exist, is `NotFound` and nothing is
     stored. One statement and no job loaded (a heartbeat comes from every running job every few
     seconds): the row is inserted from the job's row, which the principal's rule filters. No event,
-    as `add_measurement` writes none for a heartbeat. `conn` is a Core connection in a transaction."""
+    as `add_measurement` writes none for a heartbeat. `conn` is a Core connection (one statement: it
+    needs no transaction, see `service.store.db.one_statement`)."""
     if principal.role == Role.JOB and principal.job_id != job_id:
         raise NotFound(f"no job {job_id}")
-    at = utcnow()
+    at = at or utcnow()
     values = {"kind": MeasurementKind.HEARTBEAT, "at": at, "data": data, "job_id": job_id}
     if principal.role == Role.MEMBER:
         stored = conn.execute(_TEAM_HEARTBEAT, {**values, "team_id": principal.team_id}).first()

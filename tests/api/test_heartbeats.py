@@ -77,3 +77,14 @@ def test_a_revoked_or_expired_job_token_cannot_report(env: Env, admin: dict[str,
     r = env.client.post(f"/v1/jobs/{job_id}/measurements", json=BEAT, headers=env.headers(secret))
     assert r.status_code == 401
     assert env.client.get(f"/v1/jobs/{job_id}", headers=admin).json()["measurements"] == {}
+
+
+def test_a_heartbeat_no_database_can_keep_is_a_422_and_stores_nothing(env: Env, admin: dict[str, str]) -> None:
+    job_id = _job(env, admin)
+    token = env.headers(env.token("job", job_id=job_id))
+    for body in (b'{"kind": "heartbeat", "data": {"loss": NaN}}',
+                 b'{"kind": "heartbeat", "data": {"note": "a\\u0000b"}}'):
+        r = env.client.post(f"/v1/jobs/{job_id}/measurements", content=body,
+                            headers={**token, "Content-Type": "application/json"})
+        assert r.status_code == 422 and r.json()["error"]["code"] == "validation_error", r.text
+    assert env.client.get(f"/v1/jobs/{job_id}", headers=admin).json()["measurements"] == {}

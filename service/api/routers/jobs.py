@@ -28,6 +28,7 @@ from service.api.views import event_out, job_out, job_summary
 from service.backend_options import BackendKind
 from service.names import Label
 from service.spec import TrainingSpec
+from service.store.db import one_statement
 from service.store.job_sort import BadCursor, JobCursor, JobSort, SortText
 from service.store.jobs import (
     MAX_PAGE,
@@ -40,6 +41,7 @@ from service.store.jobs import (
     list_jobs,
     visible_job,
 )
+from service.store.models import utcnow
 from service.store.tokens import DEFAULT_JOB_TOKEN_GRACE_S, NotFound
 from service.store.vocab import JobStatus, MeasurementKind
 
@@ -293,9 +295,13 @@ def report(job_id: JobId, body: MeasurementIn, principal: Reporter, db: Db, requ
     """`data` reaches here as the request gate checked it (storable JSON): pydantic passes `Any` through.
     A heartbeat is one insert (`add_heartbeat`); the final report and a profile also write an event."""
     if body.kind == MeasurementKind.HEARTBEAT:
-        with request.app.state.engine.begin() as conn:
-            at = add_heartbeat(conn, principal, job_id, body.data)
-            return rendered(MeasurementOut(kind=body.kind, at=at, data=body.data), 201)
+        at = utcnow()
+        # Rendered before the insert, which commits by itself (`one_statement`): an answer that cannot
+        # be sent stores nothing, as `rendered` inside a transaction guarantees for the other kinds.
+        answer = rendered(MeasurementOut(kind=body.kind, at=at, data=body.data), 201)
+        with one_statement(request.app.state.engine) as conn:
+            add_heartbeat(conn, principal, job_id, body.data, at=at)
+        return answer
     with db.begin() as session:
         job = visible_job(session, principal, job_id)
         row = add_measurement(session, principal, job, body.kind, body.data)
