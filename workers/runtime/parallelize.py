@@ -19,8 +19,12 @@ uses it too. What each layout field becomes:
   `plan.precision.reduce`) where FSDP2 wrapped the model, else autocast; fp16 the same plus a
   gradient scaler (`ShardedGradScaler` under FSDP2, else `torch.amp.GradScaler`). Parameters,
   gradients and optimizer state stay fp32. All of it works on CPU with torch 2.13.
-- grad_accum_steps: micro-steps per optimizer step, gradient sync only on the last (DDP
-  `no_sync`, FSDP2 `set_requires_gradient_sync`).
+- grad_accum_steps: micro-steps per optimizer step. DDP syncs only on the last (`no_sync`). FSDP2
+  reduce-scatters every micro-step and accumulates sharded gradients, as torchtitan does: deferring
+  the sync (`set_requires_gradient_sync(False)`) would keep an unsharded fp32 gradient of every
+  parameter until the last micro-step, memory the planner does not count without a pipeline (and
+  its time model charges one reduce-scatter per micro-batch). HSDP defers only the all-reduce
+  across replicas (`set_requires_all_reduce`). Pipelines accumulate inside the schedule.
 
 Everything it cannot apply raises `UnsupportedLayout` naming the field, before any training.
 """
@@ -137,13 +141,14 @@ class Applied:
 
     @contextlib.contextmanager
     def _sync(self, sync: bool) -> Iterator[None]:
-        """Gradient sync only when `sync` (the last micro-step of an accumulation)."""
+        """Cross-replica gradient sync only when `sync` (the last micro-step of an accumulation);
+        FSDP2's reduce-scatter runs on every micro-step (see the module docstring)."""
         contexts: list[contextlib.AbstractContextManager[Any]] = []
         for part in self.parts:
             if isinstance(part, DistributedDataParallel) and not sync:
                 contexts.append(part.no_sync())
-            elif isinstance(part, FSDPModule):
-                part.set_requires_gradient_sync(sync)
+            elif isinstance(part, FSDPModule) and self.layout.sharding == "hsdp":
+                part.set_requires_all_reduce(sync)
         with contextlib.ExitStack() as stack:
             for c in contexts:
                 stack.enter_context(c)
