@@ -3,7 +3,11 @@ recording what each parameter's gradient is when the second micro-step's forward
 
     torchrun --standalone --nproc_per_node=N tests/runtime/accum_probe.py PLAN_JSON OUT_DIR
 
-Writes OUT_DIR/rank<r>.json: {"grads": [[local elements, global elements] or null, ...]} per parameter.
+Writes OUT_DIR/rank<r>.json: "grads", per parameter [local elements, global elements] or null; and, read
+from FSDP2's parameter groups (torch 2.13's internals: the only place they are visible), "unsharded_accumulated"
+(elements of unsharded gradients kept for accumulation: FSDPParam.unsharded_accumulated_grad, or the
+unsharded parameter's .grad) and "partial_reduce"
+(elements reduce-scattered but not yet all-reduced, HSDP's FSDPParamGroup._partial_reduce_output).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from service.planner import Plan
@@ -32,7 +37,7 @@ def main(plan_path: str, out: str) -> None:
     torch.manual_seed(0)
     model = Decoder(plan.shape)
     applied = apply_plan(model, plan, build_mesh(plan.layout, device), device=device)
-    seen: list[list[list[int] | None]] = []
+    seen: list[dict[str, Any]] = []
 
     def record(module: nn.Module, args: Any) -> None:
         grads: list[list[int] | None] = []
@@ -44,7 +49,19 @@ def main(plan_path: str, out: str) -> None:
                 grads.append([g.to_local().numel(), g.numel()])
             else:
                 grads.append([g.numel(), g.numel()])
-        seen.append(grads)
+        unsharded = partial = 0
+        for m in module.modules():
+            group = m._get_fsdp_state()._fsdp_param_group if isinstance(m, FSDPModule) else None
+            if group is None:
+                continue
+            for fp in group.fsdp_params:
+                acc = getattr(fp, "unsharded_accumulated_grad", None)  # a reduce dtype below fp32
+                unsharded += acc.numel() if acc is not None else 0
+                param = getattr(fp, "_unsharded_param", None)  # the same dtype: the gradient stays here
+                unsharded += param.grad.numel() if param is not None and param.grad is not None else 0
+            out = group._partial_reduce_output
+            partial += out.numel() if out is not None else 0
+        seen.append({"grads": grads, "unsharded_accumulated": unsharded, "partial_reduce": partial})
 
     # prepend: before FSDP2's own pre-forward hook unshards the root's parameters (an unsharded
     # parameter has no .grad; the sharded one holds it).
@@ -56,7 +73,7 @@ def main(plan_path: str, out: str) -> None:
     applied.train_step(inputs, torch.roll(inputs, -1, dims=1))
     handle.remove()
     Path(out).mkdir(parents=True, exist_ok=True)
-    (Path(out) / f"rank{dist.get_rank()}.json").write_text(json.dumps({"grads": seen[1]}))
+    (Path(out) / f"rank{dist.get_rank()}.json").write_text(json.dumps(seen[1]))
     dist.barrier()
     dist.destroy_process_group()
 

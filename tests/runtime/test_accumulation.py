@@ -14,21 +14,35 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime.harness import ROOT, TORCHRUN, env, layout, make_case
+from service.planner.models import resolve_model
+from service.spec import ModelSpec
+from tests.runtime.harness import ROOT, TINY_MODEL, TORCHRUN, env, layout, make_case
+from workers.runtime.model import Decoder
 
 
-@pytest.mark.parametrize(("sharding", "dp"), [("fsdp", 2), ("zero2", 2)])
-def test_fsdp_accumulates_sharded_gradients_between_micro_steps(tmp_path: Path, sharding: str, dp: int) -> None:
-    case = make_case(tmp_path, layout(sharding=sharding, dp=dp, micro_batch=1, accum=2))
+@pytest.mark.parametrize(("sharding", "dp", "shards"), [
+    ("fsdp", 2, 2), ("zero2", 2, 2),
+    pytest.param("hsdp", 4, 2, marks=pytest.mark.slow),  # 2 replicas x 2 shards; only the all-reduce waits
+])
+def test_fsdp_accumulates_sharded_gradients_between_micro_steps(tmp_path: Path, sharding: str, dp: int,
+                                                                 shards: int) -> None:
+    case = make_case(tmp_path, layout(sharding=sharding, dp=dp, dp_shard=shards, micro_batch=1, accum=2))
     cmd = [str(TORCHRUN), "--standalone", f"--nproc_per_node={dp}", str(ROOT / "tests" / "runtime" / "accum_probe.py"),
            str(case.plan), str(case.out)]
     done = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=180, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
     for rank in range(dp):
-        grads = json.loads((case.out / f"rank{rank}.json").read_text())["grads"]
+        seen = json.loads((case.out / f"rank{rank}.json").read_text())
+        grads = seen["grads"]
+        whole = sum(p.numel() for p in Decoder(resolve_model(ModelSpec.model_validate(TINY_MODEL))).parameters())
+        assert seen["unsharded_accumulated"] == 0, (rank, seen["unsharded_accumulated"], whole)
+        if sharding == "hsdp":  # reduce-scattered, waiting for the all-reduce across replicas
+            assert 0 < seen["partial_reduce"] <= whole / shards + 1024, (rank, seen["partial_reduce"], whole)
+            continue
         assert grads and all(g is not None for g in grads), "a parameter had no gradient after micro-step 1"
-        local, whole = sum(g[0] for g in grads), sum(g[1] for g in grads)
-        assert local <= whole / dp + 1024, (rank, local, whole)
+        local = sum(g[0] for g in grads)
+        assert sum(g[1] for g in grads) == whole
+        assert local <= whole / shards + 1024, (rank, local, whole)
 
 
 def test_ddp_defers_its_all_reduce_but_keeps_local_gradients(tmp_path: Path) -> None:
