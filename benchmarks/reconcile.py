@@ -1,9 +1,9 @@
 """One dispatcher cycle with 10,000 tracked jobs across the three backends, in PostgreSQL (issue 17).
 
 It creates its own database `shardctl_bench_reconcile_<random>` on the server of `--postgres-url`
-(dropped at the end, also on errors), migrates it and bulk-inserts the tracked jobs (RUNNING, with
-their first attempt) split across the backends (`--slurm`, `--kubernetes`, `--local`). Each backend
-is the real backend class; only what it talks to is stood in for:
+(`scratch_db.scratch_database`: migrated, dropped at the end, also on errors) and bulk-inserts the
+tracked jobs (RUNNING, with their first attempt) split across the backends (`--slurm`,
+`--kubernetes`, `--local`). Each backend is the real backend class; only what it talks to is stood in for:
 
 - Slurm: the real `SlurmBackend` with a `runner` that answers `sacct` and `squeue` in their own
   formats (`-P` lines of `SACCT_FIELDS`, `SQUEUE_FORMAT`) from a table of the jobs' states, and counts
@@ -38,27 +38,24 @@ import json
 import multiprocessing
 import os
 import pstats
-import secrets
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from scratch_db import scratch_database
 from sqlalchemy import JSON, Engine, column, create_engine, event, insert, table, text
-from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.k8s: the fake API server
 
 from service.planner import Plan, plan
 from service.spec import TrainingSpec
-from service.store import migrate
 from service.store.db import make_engine, make_sessionmaker
 from service.store.models import Attempt, Job, Team
 from workers.backends.base import Backend, attempt_name
@@ -73,23 +70,6 @@ TINY: dict[str, Any] = {"name": "bench", "model": {"preset": "llama-tiny"},
 NS = "team-a"
 BATCH = 5000
 GOAL_S = 1.0
-
-
-@contextmanager
-def bench_database(base_url: str) -> Iterator[str]:
-    """A new, migrated database on the server of `base_url`; dropped (forcibly) on exit."""
-    admin = create_engine(base_url, isolation_level="AUTOCOMMIT")
-    name = f"shardctl_bench_reconcile_{secrets.token_hex(4)}"
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        url = make_url(base_url).set(database=name).render_as_string(hide_password=False)
-        migrate.upgrade(url)
-        yield url
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 # -- Slurm: sacct and squeue answered from a table, in their formats --------------------------------
@@ -298,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     split = ", ".join(f"{k} {v:,}" for k, v in counts.items())
     print(f"== one dispatcher cycle, {sum(counts.values()):,} tracked jobs ({split}), PostgreSQL;"
           f" load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs")
-    with bench_database(base) as url, tempfile.TemporaryDirectory(prefix="shardctl-bench-") as tmp:
+    with scratch_database(base, "reconcile") as url, tempfile.TemporaryDirectory(prefix="shardctl-bench-") as tmp:
         ids = seed(url, counts, planned)
         slurm_table = SlurmTable(Path(tmp) / "slurm")
         slurm = SlurmBackend(Path(tmp) / "slurm", runner=slurm_table)
