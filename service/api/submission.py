@@ -9,6 +9,7 @@ time share one search, and the last few hundred plans are remembered.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from collections import OrderedDict
@@ -25,6 +26,7 @@ from service.api.schemas import ErrorField, JobOut, JobSummary
 from service.api.views import job_out, job_summary, redacted_spec
 from service.planner import Deadline, InvalidSpec, Plan, SearchBudgetExceeded, plan
 from service.planner.calibration import Calibration
+from service.planner.runnable import runtime_gaps
 from service.scheduling.model import TeamQuota
 from service.settings import Settings
 from service.spec import TrainingSpec
@@ -260,13 +262,32 @@ def team_of(principal: Principal, spec: TrainingSpec) -> str:
 
 
 def fitting_plan(spec: TrainingSpec, planner: PlanRunner) -> Plan:
-    """The (cached) plan of `spec`; 422 `does_not_fit` with the planner's reasons when no layout fits."""
+    """The (cached) plan of `spec`; 422 `does_not_fit` with the planner's reasons when no layout fits,
+    422 `needs_runtime_support` when the job runs shardctl's built-in trainer (no `entrypoint`) and the
+    plan needs what that trainer does not implement yet (offload, context parallelism, fp8): the
+    planner puts every layout the trainer runs first, so no such layout fits, and the job would only
+    fail once launched. A user's own program (`entrypoint.command`) may implement them and is let through."""
     result = cached_plan(spec, planner)
     if not result.fits:
         raise ApiError(422, "does_not_fit", "no layout fits: " + "; ".join(result.reasons),
                        details={"reasons": result.reasons, "min_gpus_to_fit": result.min_gpus_to_fit,
                                 "closest": result.model_dump(mode="json")})
+    gaps = runtime_gaps(result.layout, precision=spec.training.precision) if spec.entrypoint is None else []
+    if gaps:
+        fix = ("set training.precision: bf16" if any(g.field == "precision" for g in gaps)
+               else "ask for more GPUs (resources), so that a layout the trainer runs fits")
+        message = (f"the layout that fits, {result.layout.short()}, needs what shardctl's built-in trainer does not"
+                   f" implement yet ({'; '.join(g.message for g in gaps)}); {fix}, or run your own program"
+                   " (entrypoint.command) that implements it")
+        raise ApiError(422, "needs_runtime_support", message,
+                       fields=[ErrorField(loc=_gap_loc(g.field), message=g.message) for g in gaps],
+                       details={"layout": dataclasses.asdict(result.layout),
+                                "gaps": [g.field for g in gaps]})
     return result
+
+
+def _gap_loc(field: str) -> str:
+    return "training.precision" if field == "precision" else f"layout.{field}"
 
 
 def resolve_team(session: Session, name: str) -> Team:

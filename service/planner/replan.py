@@ -10,6 +10,9 @@ says fits:
 4. `model_parallel`: tensor, pipeline or context parallelism (a new mesh);
 5. `offload`: optimizer state or parameters to host memory (not after `oom_host`: host memory ran out).
 
+A job on shardctl's built-in trainer (no `entrypoint`) never gets a layout that trainer does not
+implement yet (offload, context parallelism: `runnable.runtime_gaps`); such a rung is passed over.
+
 Rung k frees the layout fields of rungs 1..k and pins every other field to the failed layout's value,
 then calls the planner's public `plan` on the spec with those pins; fields the user pinned stay pinned
 (a rung that needs one of them finds nothing new and the ladder goes on). The planner itself chooses
@@ -48,6 +51,7 @@ from service.failures import FailureClass, MeasuredOom
 from service.planner import Deadline, InvalidSpec, Layout, Plan, SearchBudgetExceeded
 from service.planner import plan as make_plan
 from service.planner.hardware import GIB, resolve_cluster
+from service.planner.runnable import runtime_gaps
 from service.spec import GpuOverride, LayoutPins, TrainingSpec
 
 Rung = Literal["micro_batch", "activation_checkpointing", "sharding", "model_parallel", "offload"]
@@ -173,6 +177,9 @@ def next_plan(spec: TrainingSpec, failed: Plan, failure: FailureClass,
         lay = candidate.layout
         if not candidate.fits:
             tried.append(f"{rung}: nothing fits ({'; '.join(candidate.reasons) or 'no reason given'})")
+        elif spec.entrypoint is None and (gaps := runtime_gaps(lay, precision=spec.training.precision)):
+            tried.append(f"{rung}: {lay.short()} needs what the built-in trainer does not implement yet"
+                         f" ({'; '.join(g.message for g in gaps)})")
         elif predicted_allocated(candidate) >= cap.cap_bytes:
             tried.append(f"{rung}: {lay.short()} predicts {_mib(predicted_allocated(candidate))}")
         elif failure == FailureClass.OOM_HOST and (candidate.memory.cpu_memory or 0) > host_before:

@@ -175,3 +175,26 @@ def test_an_unknown_team_is_not_created_by_a_submission(env: Env, admin: dict[st
     r = submit(env, admin, tiny(team="typo"))
     assert r.status_code == 404 and "POST /v1/teams" in r.json()["error"]["message"]
     assert submit(env, admin, tiny()).json()["team"] == "default"
+
+
+def test_a_plan_the_built_in_trainer_cannot_run_is_refused_before_it_is_queued(env: Env, admin: dict[str, str]
+                                                                               ) -> None:
+    """Llama-2-7B with AdamW on one H100 fits only with the optimizer offloaded, which the built-in
+    trainer does not implement: refused naming the field and the fix. A user's own program may
+    implement offload, so the same spec with an entrypoint is queued."""
+    assert env.client.put("/v1/pools/h100", json={"backend": "local", "gpu": "H100-SXM-80GB", "gpus": 8},
+                          headers=admin).status_code == 201
+    spec = tiny(model={"preset": "llama-2-7b"},
+                training={"global_batch": 8, "precision": "bf16", "optimizer": "adamw", "steps": 5},
+                resources={"gpu": "H100-SXM-80GB", "gpus_per_node": 1, "nodes": 1})
+    r = submit(env, admin, spec)
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["code"] == "needs_runtime_support"
+    assert [f["loc"] for f in error["fields"]] == ["layout.offload"]
+    assert "more GPUs" in error["message"] and "entrypoint.command" in error["message"]
+    assert error["details"]["gaps"] == ["offload"]
+    assert env.client.get("/v1/jobs", headers=admin).json()["items"] == []
+    own = submit(env, admin, {**spec, "entrypoint": {"command": ["python", "train.py"]}})
+    assert own.status_code == 201, own.text
+    assert own.json()["plan"]["layout"]["offload"] != "none"

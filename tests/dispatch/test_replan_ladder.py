@@ -56,14 +56,25 @@ LADDER = [
 ]
 
 
+#: the same job running its own program, which may implement offload (the built-in trainer does not)
+OWN_PROGRAM = {**LLAMA_8B, "entrypoint": {"command": ["python", "train.py"]}}
+
+
 @pytest.mark.parametrize(("failed_layout", "rung", "changed"), LADDER, ids=[r for _, r, _ in LADDER])
 def test_each_rung_answers_when_the_rungs_below_it_cannot(failed_layout: Layout, rung: str, changed: Any) -> None:
-    spec = spec_of(LLAMA_8B)
+    spec = spec_of(OWN_PROGRAM)
     result = replanned(spec, estimate(spec, failed_layout))
     assert result.rung == rung
     assert [t.split(":")[0] for t in result.tried] == list(RUNGS[: RUNGS.index(rung)])  # every lower rung, in order
     assert changed(failed_layout, result.plan.layout), result.plan.layout.short()
     assert any("re-planned after oom_gpu" in w for w in result.plan.warnings)
+
+
+def test_the_built_in_trainer_is_never_given_a_layout_it_does_not_implement() -> None:
+    spec = spec_of(LLAMA_8B)
+    result = next_plan(spec, estimate(spec, lay("fsdp", 1, 8, 1, "full")), FailureClass.OOM_GPU)
+    assert isinstance(result, NoReplan)
+    assert any(t.startswith("offload: ") and "built-in trainer does not implement" in t for t in result.tried)
 
 
 def test_the_micro_batch_rung_changes_only_the_micro_batch_and_the_accumulation() -> None:
