@@ -23,7 +23,10 @@ from workers.backends.base import (
     TransientBackendError,
 )
 from workers.backends.kubernetes import KubernetesBackend
+from workers.backends.kubernetes.client import KubeClient
+from workers.backends.kubernetes.naming import POD, SELECTOR, WORKLOADS
 from workers.backends.kubernetes.render import RenderOptions, render_objects, secret_values, with_secrets
+from workers.backends.kubernetes.status import PodFields, WorkloadFields
 
 NAME = "shardctl-7-1"
 
@@ -260,6 +263,43 @@ def test_poll_is_one_list_per_kind_per_cycle(fake: FakeApiServer, backend: Kuber
     assert len(fake.requests) == 3  # nothing else: no per-job GET
     assert all(q.get("labelSelector") == ["app.kubernetes.io/managed-by=shardctl"] for _, _, q in fake.requests)
 
+
+
+def _only(obj: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """`obj` with only `fields` (name -> None for the whole value, or the fields of a nested object)."""
+    return {k: v if fields[k] is None or not isinstance(v, dict) else _only(v, fields[k])
+            for k, v in obj.items() if k in fields}
+
+
+POD_READ = {"metadata": {"name": None, "labels": None, "deletionTimestamp": None}, "spec": {"nodeName": None},
+            "status": None}
+WORKLOAD_READ = {"metadata": {"name": None, "labels": None, "deletionTimestamp": None}, "spec": {"suspend": None},
+                 "status": None}
+
+
+def test_poll_lists_hold_exactly_the_fields_observe_reads_as_sent(fake: FakeApiServer,
+                                                                  backend: KubernetesBackend) -> None:
+    handle = backend.submit(make_request())
+    pods = fake.make_pods("jobsets", NS, NAME)
+    fake.set_pod(NS, pods[0], phase="Running", node="gpu-node-1")
+    fake.set_pod(NS, pods[1], phase="Failed", exit_code=3, termination_message="Traceback: boom")
+    fake.set_condition("jobsets", NS, NAME, "Failed", reason="FailedJobs", message="a job failed")
+    kube = KubeClient(client.ApiClient(client.Configuration(host=fake.host)), 10.0)
+    for api, shape, read in ((POD, PodFields, POD_READ), (WORKLOADS["jobset"], WorkloadFields, WORKLOAD_READ)):
+        whole = kube.list(api, NS, SELECTOR)
+        shaped = kube.list(api, NS, SELECTOR, shape=shape)
+        assert whole and shaped == [_only(o, read) for o in whole]
+        assert all("template" not in o["spec"] and "containers" not in o["spec"] for o in shaped if "spec" in o)
+    obs = backend.poll([handle])[NAME]
+    assert (obs.state, obs.exit_code, obs.nodes) == (RunState.FAILED, 3, ["gpu-node-1"])
+
+
+def test_a_list_answer_not_of_the_shape_is_decoded_whole(fake: FakeApiServer, backend: KubernetesBackend) -> None:
+    backend.submit(make_request())
+    pods = fake.make_pods("jobsets", NS, NAME)
+    fake._update("pods", NS, pods[0], lambda pod: pod.__setitem__("spec", "not an object"))
+    kube = KubeClient(client.ApiClient(client.Configuration(host=fake.host)), 10.0)
+    assert kube.list(POD, NS, SELECTOR, shape=PodFields) == kube.list(POD, NS, SELECTOR)
 
 def test_fallback_to_indexed_job_without_jobset_api() -> None:
     with FakeApiServer(jobset=False, pytorchjob=False) as fake:

@@ -64,7 +64,7 @@ from workers.backends.kubernetes.render import (
     secret_values,
     with_secrets,
 )
-from workers.backends.kubernetes.status import observe
+from workers.backends.kubernetes.status import PodFields, WorkloadFields, observe
 
 log = logging.getLogger("shardctl.backends.kubernetes")
 
@@ -241,7 +241,8 @@ class KubernetesBackend:
         return None
 
     def poll(self, handles: Sequence[Handle]) -> dict[str, Observation]:
-        """One labelled list per (namespace, kind) and one pod list per namespace, for all `handles`."""
+        """One labelled list per (namespace, kind) and one pod list per namespace, for all `handles`; each
+        list holds only the fields `observe` reads (`WorkloadFields`, `PodFields`)."""
         wanted: dict[str, set[ObjectKind]] = defaultdict(set)
         parsed = []
         for handle in handles:
@@ -255,9 +256,9 @@ class KubernetesBackend:
         pods: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
         for ns, kinds in wanted.items():
             for kind in sorted(kinds):
-                for obj in self._kube.list(WORKLOADS[kind], ns, SELECTOR):
+                for obj in self._kube.list(WORKLOADS[kind], ns, SELECTOR, shape=WorkloadFields):
                     objects[(ns, kind, obj["metadata"]["name"])] = obj
-            for pod in self._kube.list(POD, ns, SELECTOR):
+            for pod in self._kube.list(POD, ns, SELECTOR, shape=PodFields):
                 owner = (pod.get("metadata", {}).get("labels") or {}).get(LABEL_NAME)
                 if owner:
                     pods[(ns, owner)].append(pod)

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict
 
 from service.failures import FailureClass
 from workers.backends.base import Observation, RunState
@@ -33,6 +33,38 @@ LAUNCH_WAITING_REASONS = {"ImagePullBackOff", "InvalidImageName", "ErrImageNever
 SUCCEEDED_CONDITION: dict[ObjectKind, str] = {"jobset": "Completed", "indexed-job": "Complete",
                                               "pytorchjob": "Succeeded"}
 _EXIT_CODE = re.compile(r"exit code (\d+)")
+
+
+class _Metadata(TypedDict, total=False):
+    name: Any
+    labels: Any
+    deletionTimestamp: Any
+
+
+class _WorkloadSpec(TypedDict, total=False):
+    suspend: Any
+
+
+class _PodSpec(TypedDict, total=False):
+    nodeName: Any
+
+
+class WorkloadFields(TypedDict, total=False):
+    """Every field of a workload object (JobSet, Job, PyTorchJob) that `observe` and `poll` read: the
+    `shape` of `poll`'s workload lists (`KubeClient.list`). A field read here must be named here."""
+
+    metadata: _Metadata | None
+    spec: _WorkloadSpec | None
+    status: Any
+
+
+class PodFields(TypedDict, total=False):
+    """Every field of a pod that `observe` and `poll` read: the `shape` of `poll`'s pod lists. A field
+    read here must be named here."""
+
+    metadata: _Metadata | None
+    spec: _PodSpec | None
+    status: Any
 
 
 def _ts(value: Any) -> float | None:
