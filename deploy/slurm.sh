@@ -198,7 +198,7 @@ JobAcctGatherFrequency=30
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 AccountingStoragePort=6819
-# GPUs as a tracked resource, so `shardctl export slurm`'s GrpTRES=gres/gpu=N limits can be recorded
+# GPUs as a tracked resource, so shardctl export slurm's GrpTRES=gres/gpu=N limits can be recorded
 # (the nodes here have none; accounting still knows the type)
 GresTypes=gpu
 AccountingStorageTRES=gres/gpu

@@ -85,6 +85,17 @@ def test_render_matches_the_golden_file_and_submits_nothing() -> None:
     assert f"--rdzv-endpoint={FIRST_HOST}:" in " ".join(rendered.content["launch"]["command"])
 
 
+@pytest.mark.parametrize(("limit", "signal"), [("00:01:00", "USR2@30"), ("00:02:00", "USR2@60"),
+                                               ("1-02:00:30", "USR2@60")])
+def test_the_time_limit_signal_comes_at_most_halfway_through_the_limit(limit: str, signal: str) -> None:
+    """Due at the start (a 1-minute limit with the 60 s default), it would reach the launcher before its
+    handler and kill the job."""
+    req = golden_request()
+    req = req.model_copy(update={"options": req.options.model_copy(update={"time_limit": limit})})
+    script = golden_backend().render(req).content["sbatch_script"]
+    assert f"#SBATCH --signal={signal}" in script.splitlines()
+
+
 def test_render_is_the_submission_with_its_secrets_redacted_and_its_plan_left_out() -> None:
     """One path: `render` serialises the very object `submit` sends; only the serialisation hides things."""
     backend, req = golden_backend(), golden_request()
@@ -363,7 +374,15 @@ def test_partition_preemption_requeues_and_is_reported(backend: SlurmBackend, lo
 
 def test_submitit_signal_requeues_through_the_checkpointable_launcher(backend: SlurmBackend, long_job: Handle) -> None:
     assert long_job.backend_id is not None
-    time.sleep(2)  # the launcher has installed its handler once it printed
+    # The launcher installs its handler before it starts the program, so once every rank has printed
+    # the signal reaches a handler (a fixed sleep was too short on a loaded machine: USR2 killed it).
+    deadline, cursor, ranks = time.monotonic() + 90, None, set()
+    while ranks != {0, 1}:
+        assert time.monotonic() < deadline, f"ranks that printed: {sorted(ranks)}"
+        chunk = backend.read_logs(long_job, rank=None, cursor=cursor, limit=500)
+        ranks |= {x.rank for x in chunk.lines if x.line == "started" and x.rank is not None}
+        cursor = chunk.next_cursor
+        time.sleep(0.2)
     subprocess.run(["scancel", "--signal=USR2", long_job.backend_id], check=True)
     obs = wait_for(backend, long_job, lambda o: isinstance(o, SlurmObservation) and o.requeues >= 1)
     assert isinstance(obs, SlurmObservation) and obs.requeue_reasons[0].startswith("requeued")

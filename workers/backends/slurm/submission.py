@@ -72,13 +72,16 @@ def rdzv_port(folder: Path, base: int = 20000, span: int = 20000) -> int:
 
 def parameters(req: LaunchRequest, opts: SlurmOptions, folder: Path, defaults: SubmissionDefaults) -> dict[str, Any]:
     """The submitit `SlurmExecutor` parameters (Slurm's names with underscores) for this attempt."""
+    minutes = time_limit_minutes(opts.time_limit or defaults.default_time_limit)
     params: dict[str, Any] = {
         "job_name": req.name,
         "nodes": req.nodes,
         "ntasks_per_node": 1,
         "cpus_per_task": max(1, req.procs_per_node * defaults.cpus_per_proc),
-        "time": time_limit_minutes(opts.time_limit or defaults.default_time_limit),
-        "signal_delay_s": defaults.signal_delay_s,
+        "time": minutes,
+        # At most half the limit: a signal due as early as the job starts reaches the launcher before it
+        # has installed its handler, and its default action kills the job (exit 12, not TIMEOUT).
+        "signal_delay_s": min(defaults.signal_delay_s, minutes * 30),
     }
     if req.gpus_per_proc > 0:
         params["gpus_per_node"] = req.procs_per_node * req.gpus_per_proc
