@@ -103,9 +103,11 @@ def test_a_job_slurm_holds_is_explained_with_slurms_reason_and_estimate(
     assert any(f"Slurm holds it: {slurm_reason}" in line for line in lines)
     assert any(line.startswith("  the backend's estimate: ") for line in lines), lines
 
-    # Recorded on change only: fewer events than cycles, never the same news twice in a row.
+    # Recorded on change only: at most one event a cycle, never the same news twice in a row. The cycle
+    # in `drive` that saw the job PENDING counts too: it may record the first news (Slurm's first
+    # reason, before its scheduler has an estimate).
     pending = [e for e in events(env, job_id, admin) if e["kind"] == "job.backend_pending"]
-    assert 1 <= len(pending) <= cycles
+    assert 1 <= len(pending) <= cycles + 1
     keys = [change_key(e["data"]["reason"], e["data"]["expected_start"]) for e in pending]
     assert all(a != b for a, b in pairwise(keys)) and all(e["data"]["attempt"] == 1 for e in pending)
     dispatcher.run_once()
