@@ -280,14 +280,10 @@ def fitting_plan(spec: TrainingSpec, planner: PlanRunner) -> Plan:
                    f" implement yet ({'; '.join(g.message for g in gaps)}); {fix}, or run your own program"
                    " (entrypoint.command) that implements it")
         raise ApiError(422, "needs_runtime_support", message,
-                       fields=[ErrorField(loc=_gap_loc(g.field), message=g.message) for g in gaps],
+                       fields=[ErrorField(loc=g.loc, message=g.message) for g in gaps],
                        details={"layout": dataclasses.asdict(result.layout),
                                 "gaps": [g.field for g in gaps]})
     return result
-
-
-def _gap_loc(field: str) -> str:
-    return "training.precision" if field == "precision" else f"layout.{field}"
 
 
 def resolve_team(session: Session, name: str) -> Team:

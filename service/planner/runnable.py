@@ -42,6 +42,11 @@ class LayoutProblem:
     message: str
     gap: bool = False  # True: a runtime gap (implementable), False: structural
 
+    @property
+    def loc(self) -> str:
+        """Where in the spec the fix goes: `training.precision` for the precision, else the layout field."""
+        return "training.precision" if self.field == "precision" else f"layout.{self.field}"
+
     def __str__(self) -> str:
         return f"layout.{self.field}: {self.message}"
 

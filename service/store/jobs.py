@@ -21,7 +21,7 @@ from service.planner.result import Plan
 from service.spec import TrainingSpec
 from service.store.event_feed import committed_horizon
 from service.store.job_sort import DEFAULT_SORT, JobCursor, JobSort, SortField, cursor_after, segments
-from service.store.models import Event, IdempotencyKey, Job, Measurement, Team, utcnow
+from service.store.models import Event, IdempotencyKey, Job, Measurement, Team
 from service.store.queue_view import invalidate as invalidate_queue_view
 from service.store.states import TERMINAL, add_event, transition
 from service.store.tokens import Conflict, NotFound, Principal
@@ -270,9 +270,8 @@ _HEARTBEAT = _heartbeat_insert(team=False)
 _TEAM_HEARTBEAT = _heartbeat_insert(team=True)
 
 
-def add_heartbeat(conn: Connection, principal: Principal, job_id: int, data: dict[str, Any], *,
-                  at: datetime | None = None) -> datetime:
-    """Store a heartbeat of job `job_id` with `data` at `at` (default now); returns that time. The same rule as
+def add_heartbeat(conn: Connection, principal: Principal, job_id: int, data: dict[str, Any], *, at: datetime) -> None:
+    """Store a heartbeat of job `job_id` with `data` at `at`. The same rule as
     `visible_job`: a job the principal may not see, or that does not exist, is `NotFound` and nothing is
     stored. One statement and no job loaded (a heartbeat comes from every running job every few
     seconds): the row is inserted from the job's row, which the principal's rule filters. No event,
@@ -280,7 +279,6 @@ def add_heartbeat(conn: Connection, principal: Principal, job_id: int, data: dic
     needs no transaction, see `service.store.db.one_statement`)."""
     if principal.role == Role.JOB and principal.job_id != job_id:
         raise NotFound(f"no job {job_id}")
-    at = at or utcnow()
     values = {"kind": MeasurementKind.HEARTBEAT, "at": at, "data": data, "job_id": job_id}
     if principal.role == Role.MEMBER:
         stored = conn.execute(_TEAM_HEARTBEAT, {**values, "team_id": principal.team_id}).first()
@@ -288,7 +286,6 @@ def add_heartbeat(conn: Connection, principal: Principal, job_id: int, data: dic
         stored = conn.execute(_HEARTBEAT, values).first()
     if stored is None:
         raise NotFound(f"no job {job_id}")
-    return at
 
 
 def latest_measurements(session: Session, job: Job) -> dict[MeasurementKind, Measurement]:
