@@ -46,6 +46,7 @@ from workers.backends.slurm import SlurmBackend, SlurmObservation
 from workers.backends.slurm.launcher import FIRST_HOST, NodeLauncher
 from workers.backends.slurm.logs import log_files
 from workers.backends.slurm.nodelist import expand_nodelist
+from workers.backends.slurm.submission import rdzv_port
 
 GOLDEN = Path(__file__).parent / "golden" / "render.json"
 SECRETS = ("job-token-42-3", "hunter2")
@@ -121,6 +122,12 @@ def test_render_is_the_submission_with_its_secrets_redacted_and_its_plan_left_ou
     assert launcher.launch.environment({})[TOKEN] == SECRETS[0]
     endpoints = [arg for arg in launcher.launch.command_on("node7") if arg.startswith("--rdzv-endpoint=")]
     assert endpoints == [f"--rdzv-endpoint=node7:{submission.launch.rdzv_port}"]
+
+
+def test_rendezvous_ports_stay_out_of_the_ephemeral_range() -> None:
+    """A port an outgoing connection may hold (Linux's default 32768-60999) fails torchrun's bind."""
+    ports = {rdzv_port(Path(f"/srv/shardctl/slurm/shardctl-{job}-{n}")) for job in range(500) for n in (1, 2)}
+    assert len(ports) > 900 and min(ports) >= 20000 and max(ports) < 32768
 
 
 def test_cpu_jobs_ask_for_no_gpus_and_sbatch_flags_replace_or_add() -> None:

@@ -64,10 +64,17 @@ def slurm_options(req: LaunchRequest) -> SlurmOptions:
     return req.options
 
 
-def rdzv_port(folder: Path, base: int = 20000, span: int = 20000) -> int:
-    """A per-attempt rendezvous port, from the attempt's folder: jobs that share a first node do not
-    share a TCPStore, even two installations' `shardctl-1-1` (the name alone recurs across databases)."""
-    return base + zlib.crc32(str(folder).encode()) % span
+#: Linux's default ephemeral range (`net.ipv4.ip_local_port_range`) starts at 32768: any outgoing
+#: connection on the node (a database client, gloo's own pairs) may hold a port there, and torchrun's
+#: store then fails to bind with "address already in use". The rendezvous ports stay below it.
+RDZV_PORTS = range(20000, 32768)
+
+
+def rdzv_port(folder: Path) -> int:
+    """A per-attempt rendezvous port in `RDZV_PORTS`, from the attempt's folder: jobs that share a first
+    node do not share a TCPStore, even two installations' `shardctl-1-1` (the name alone recurs across
+    databases)."""
+    return RDZV_PORTS[zlib.crc32(str(folder).encode()) % len(RDZV_PORTS)]
 
 
 def parameters(req: LaunchRequest, opts: SlurmOptions, folder: Path, defaults: SubmissionDefaults) -> dict[str, Any]:
