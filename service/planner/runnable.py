@@ -48,7 +48,7 @@ class LayoutProblem:
         return "training.precision" if self.field == "precision" else f"layout.{self.field}"
 
     def __str__(self) -> str:
-        return f"layout.{self.field}: {self.message}"
+        return f"{self.loc}: {self.message}"
 
 
 def sharding_problems(*, tp: int, pp: int, sharding: str, dp: int, dp_shard: int, sequence_parallel: bool,

@@ -188,5 +188,6 @@ def test_fp8_is_a_stated_runtime_gap() -> None:
     gaps = runtime_gaps(layout(), precision="fp8")
     assert [g.field for g in gaps] == ["precision"]
     assert "planner-only" in gaps[0].message and "training.precision: bf16" in gaps[0].message
+    assert str(gaps[0]).startswith("training.precision: ")  # where the spec says it, not a layout field
     p = plan(_spec(precision="fp8"))
     assert any("planner-only" in w for w in p.warnings)
