@@ -10,7 +10,7 @@ import pytest
 
 from service.spec import TrainingSpec
 
-pytest_plugins = ["tests.db_fixtures"]
+pytest_plugins = ["tests.db_fixtures", "tests.k8s.fake_cluster"]
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

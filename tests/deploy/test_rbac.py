@@ -5,7 +5,6 @@ Role grants nothing the backend never asks for (no wildcards)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,7 +14,6 @@ from tests.deploy.chart import find, render, scenario
 from tests.deploy.rbac import Access, allows, authorization, grants
 from tests.k8s.conftest import IMAGE, make_request
 from tests.k8s.fake_apiserver import FakeApiServer
-from tests.k8s.schemas import require_crd_schemas
 from workers.backends.base import Handle
 from workers.backends.kubernetes import KubernetesBackend
 
@@ -34,14 +32,6 @@ def roles_by_namespace(objs: list[dict[str, Any]]) -> dict[str, list[dict[str, A
                          binding["metadata"]["namespace"]))
         out[binding["metadata"]["namespace"]] = role["rules"]
     return out
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeApiServer]:
-    require_crd_schemas()
-    server = FakeApiServer().start()
-    yield server
-    server.go_down()
 
 
 def _whole_lives(fake: FakeApiServer) -> None:

@@ -10,12 +10,10 @@ from __future__ import annotations
 import json
 import subprocess
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import pytest
 from kubernetes import client
 from sqlalchemy import JSON, column, create_engine, event, insert, select, table
 from sqlalchemy.engine import Engine
@@ -24,7 +22,6 @@ from service.store.db import make_engine, make_sessionmaker
 from service.store.models import Attempt, Event, Job, Team
 from tests.k8s.conftest import make_request
 from tests.k8s.fake_apiserver import FakeApiServer
-from tests.k8s.schemas import require_crd_schemas
 from tests.specs import tiny
 from workers.backends.base import attempt_name
 from workers.backends.kubernetes import KubernetesBackend
@@ -58,14 +55,6 @@ class SlurmTable:
             lines = [f"{i}|{n}|{s}|node1|None|{self.folder / n}|1|N/A" for i, (n, s) in self.jobs.items()
                      if n in names and s == "RUNNING"]
         return subprocess.CompletedProcess(args, 0, stdout="\n".join(lines) + "\n", stderr="")
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeApiServer]:
-    require_crd_schemas()
-    server = FakeApiServer().start()
-    yield server
-    server.go_down()
 
 
 def running_jobset(fake: FakeApiServer, api: Any, job_ids: list[int]) -> dict[int, str]:

@@ -14,7 +14,6 @@ from service.backend_options import KubernetesOptions
 from service.jobenv import JobEnv
 from service.planner.result import Plan
 from tests.k8s.fake_apiserver import FakeApiServer
-from tests.k8s.schemas import require_crd_schemas
 from workers.backends.base import LaunchRequest, attempt_name
 from workers.backends.kubernetes import KubernetesBackend
 
@@ -63,15 +62,6 @@ def make_request(job_id: int = 7, attempt: int = 1, *, nodes: int = 2, procs: in
 @pytest.fixture
 def request_factory() -> Callable[..., LaunchRequest]:
     return make_request
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeApiServer]:
-    """A fake cluster with the JobSet and Kubeflow APIs (needs the shared CRD schemas)."""
-    require_crd_schemas()
-    server = FakeApiServer().start()
-    yield server
-    server.go_down()
 
 
 @pytest.fixture
