@@ -7,7 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.profiles.collectives import Instance, collect_instances, match_across_ranks
+import numpy as np
+import numpy.typing as npt
+
+from service.profiles.collectives import Matched, RankCollectives, collect_instances, match_across_ranks
 from service.profiles.diagnosis import diagnose
 from service.profiles.errors import TraceError
 from service.profiles.events import DEFAULT_MAX_EVENTS, RankTrace, load_rank_trace
@@ -20,16 +23,16 @@ from service.profiles.stats import pct, percentile
 from service.profiles.timeline import Window, build_timeline
 
 
-def _cross_rank(summaries: list[RankSummary], matched: list[dict[int, object]]) -> CrossRank:
+def _cross_rank(summaries: list[RankSummary], matched: Matched) -> CrossRank:
     times = {s.rank: s.step_time_us_mean for s in summaries}
     mean = statistics.fmean(times.values())
     straggler = None
     skews: list[float] = []
-    if len(summaries) > 1 and matched:
+    if len(summaries) > 1 and len(matched):
         last: dict[int, int] = dict.fromkeys(times, 0)
         lateness: dict[int, list[float]] = {r: [] for r in times}
-        for m in matched:
-            starts = {r: c.start for r, c in m.items()}  # type: ignore[attr-defined]
+        for row in matched.start.tolist():
+            starts = dict(zip(matched.ranks, row, strict=True))
             first = min(starts.values())
             skews.append(max(starts.values()) - first)
             last[max(starts, key=lambda r: starts[r])] += 1
@@ -62,10 +65,11 @@ class _RankPass:
     declared_rank: int | None
     summary: RankSummary
     windows: list[Window]
-    instances: list[Instance]
+    collectives: RankCollectives
     step_symbols: set[str]
     hta: dict[bool, HtaCompat]
-    comm_alone: Union  # communication with no compute or memory copy beside it, inside the windows
+    # communication with no compute or memory copy beside it, inside the windows: starts, ends
+    comm_alone: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]
 
 
 def _analyse_rank(trace: RankTrace, index: int, world: int | None) -> _RankPass:
@@ -82,14 +86,17 @@ def _analyse_rank(trace: RankTrace, index: int, world: int | None) -> _RankPass:
     rank = trace.rank if trace.rank is not None else index
     summary = rank_summary(rank, trace, tl, instances, hta[choices[0]])
     in_windows = intersect(tl.comm, union((w.start, w.end) for w in tl.windows))
-    comm_alone = subtract(subtract(in_windows, tl.compute), tl.memory)
-    return _RankPass(trace.path, trace.rank, summary, tl.windows, instances, symbols, hta, comm_alone)
+    comm_alone = np.array(subtract(subtract(in_windows, tl.compute), tl.memory), dtype=np.float64).reshape(-1, 2)
+    return _RankPass(
+        trace.path, trace.rank, summary, tl.windows, RankCollectives.of(instances), symbols, hta,
+        (comm_alone[:, 0].copy(), comm_alone[:, 1].copy()),
+    )
 
 
 def _with_peer_wait(p: _RankPass, total_us: float, waiting: Union, step_filter: bool) -> RankSummary:
     """The rank's summary with the time it waited on peers, where nothing else ran, moved from
     communication to idle in every step, and HTA's step decision applied."""
-    alone = intersect(waiting, p.comm_alone)
+    alone = intersect(waiting, list(zip(p.comm_alone[0].tolist(), p.comm_alone[1].tolist(), strict=True)))
     steps = []
     moved_total = 0.0
     for step in p.summary.per_step:
@@ -169,23 +176,22 @@ def analyze_traces(
         passes.append(_analyse_rank(trace, index, world))
         del trace
     step_filter = len(set().union(*(p.step_symbols for p in passes))) >= 2
-    instances = {p.summary.rank: p.instances for p in passes}
-    matched = match_across_ranks(instances) if len(passes) > 1 else []
-    peer_wait = dict.fromkeys(instances, 0.0)
-    waiting: dict[int, list[tuple[float, float]]] = {r: [] for r in instances}
+    matched = match_across_ranks({p.summary.rank: p.collectives for p in passes} if len(passes) > 1 else {})
+    peer_wait = {p.summary.rank: 0.0 for p in passes}
+    waiting: dict[int, list[tuple[float, float]]] = {r: [] for r in peer_wait}
     windows = {p.summary.rank: p.windows for p in passes}
-    for m in matched:
-        fastest = min(c.dur for c in m.values())
-        for r, c in m.items():
-            if c.dur > fastest and any(w.start <= c.start < w.end for w in windows[r]):
+    for starts, durs in zip(matched.start.tolist(), matched.dur.tolist(), strict=True):
+        fastest = min(durs)
+        for r, start, dur in zip(matched.ranks, starts, durs, strict=True):
+            if dur > fastest and any(w.start <= start < w.end for w in windows[r]):
                 # Clock-free: a rank that arrived early spends its extra duration, at the start of the
                 # collective, waiting for the last peer (all ranks leave a collective together).
-                peer_wait[r] += c.dur - fastest
-                waiting[r].append((c.start, c.start + c.dur - fastest))
+                peer_wait[r] += dur - fastest
+                waiting[r].append((start, start + dur - fastest))
     summaries = [_with_peer_wait(p, peer_wait[p.summary.rank], union(waiting[p.summary.rank]), step_filter)
                  for p in passes]
     summaries.sort(key=lambda s: s.rank)
-    cross = _cross_rank(summaries, matched)  # type: ignore[arg-type]
+    cross = _cross_rank(summaries, matched)
     return ProfileSummary(
         backend=backend,
         world_size=world,
