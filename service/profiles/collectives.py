@@ -19,7 +19,7 @@ import numpy.typing as npt
 from service.profiles.classify import COMM_BACKEND_OP, EventClass
 from service.profiles.events import RankTrace
 from service.profiles.models import CollectiveStats
-from service.profiles.timeline import Timeline
+from service.profiles.timeline import CLASSES, Timeline
 
 _DTYPE_BYTES = {
     "float": 4,
@@ -84,7 +84,8 @@ def collect_instances(t: RankTrace, tl: Timeline, world_size: int | None) -> lis
     """One ``Instance`` per collective execution on this rank, in start order."""
     out: list[Instance] = []
     # GPU timelines: only the events classed as communication can be collectives
-    candidates = range(len(t)) if tl.basis == "cpu_ops" else tl.item_events
+    comm = CLASSES.index(EventClass.comm)
+    candidates = range(len(t)) if tl.basis == "cpu_ops" else tl.item_events[tl.item_class == comm].tolist()
     for i in candidates:
         name = t.name(i)
         args = t.size_args.get(i, {})
@@ -98,8 +99,6 @@ def collect_instances(t: RankTrace, tl: Timeline, world_size: int | None) -> lis
             if isinstance(dims, list) and dims and isinstance(dims[0], list) and dtype_bytes(dtype):
                 nbytes = math.prod(int(d) for d in dims[0]) * (dtype_bytes(dtype) or 0)
         else:
-            if tl.item_class.get(i) is not EventClass.comm:
-                continue
             op = str(args.get("Collective name") or name.split("(")[0]).lower()
             dtype = args.get("dtype") if isinstance(args.get("dtype"), str) else None
             nelems = args.get("In msg nelems")

@@ -151,6 +151,17 @@ class _Builder:
         self.thread_ids: dict[tuple[str, str], int] = {}
         self.carries_sizes: list[bool] = []  # per name id: does the name match _SIZE_CARRIERS
         self.raw_threads: dict[tuple[int, int], int] = {}  # (pid, tid) as decoded -> thread id
+        self.args_seen: dict[tuple[tuple[str, type, Any], ...], dict[str, Any]] = {}
+
+    def _shared(self, kept: dict[str, Any]) -> dict[str, Any]:
+        """One dict for all events with equal size fields (every memcpy of the same size, every step's
+        same collective): ``size_args`` values are shared and must not be mutated. Values that cannot
+        be hashed (lists) are kept as they are."""
+        key = tuple((k, type(v), v) for k, v in kept.items())  # the type: 1, 1.0 and True hash alike
+        try:
+            return self.args_seen.setdefault(key, kept)
+        except TypeError:
+            return kept
 
     def _intern(self, table: dict[str, int], values: list[str], key: str) -> int:
         idx = table.get(key)
@@ -222,7 +233,7 @@ class _Builder:
             if self.carries_sizes[t.name_idx[i]] or "Collective name" in args:
                 kept = {k: args[k] for k in SIZE_ARG_KEYS if k in args}
                 if kept:
-                    t.size_args[i] = kept
+                    t.size_args[i] = self._shared(kept)
         else:
             t.stream.append(-1)
             t.correlation.append(-1)
@@ -292,7 +303,7 @@ class _Builder:
             if a is not no_args and (carries[name_col[k]] or a.collective_name is not _UNSET):
                 kept_args = {key: v for key, attr in _SIZE_FIELDS if (v := getattr(a, attr)) is not _UNSET}
                 if kept_args:
-                    t.size_args[first + k] = kept_args
+                    t.size_args[first + k] = self._shared(kept_args)
 
     def _add_each(self, events: list[_Event]) -> None:
         t = self.t
@@ -352,7 +363,7 @@ class _Builder:
             if carries[nid] or args.collective_name is not _UNSET:
                 kept = {k: v for k, attr in _SIZE_FIELDS if (v := getattr(args, attr)) is not _UNSET}
                 if kept:
-                    t.size_args[len(ts_col) - 1] = kept
+                    t.size_args[len(ts_col) - 1] = self._shared(kept)
 
 
 def load_rank_trace(

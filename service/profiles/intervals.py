@@ -112,3 +112,9 @@ class Membership:
     def __contains__(self, t: float) -> bool:
         k = bisect.bisect_right(self._starts, t) - 1
         return k >= 0 and t < self._ends[k]
+
+    def contains(self, times: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_]:
+        """``t in self`` for each of ``times``."""
+        k = np.searchsorted(np.array(self._starts, dtype=np.float64), times, side="right") - 1
+        ends = np.array(self._ends, dtype=np.float64)
+        return (k >= 0) & (times < ends[np.maximum(k, 0)]) if len(ends) else np.zeros(len(times), dtype=bool)

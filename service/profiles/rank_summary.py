@@ -12,8 +12,8 @@ from service.profiles.events import RankTrace
 from service.profiles.intervals import Membership, intersect, measure, union
 from service.profiles.models import HtaCompat, LaunchStats, Overlap, RankSummary, StepResult, TopItem
 from service.profiles.partition import add_idle, add_partitions, idle_breakdown, partition_window
-from service.profiles.stats import pct, percentile, std
-from service.profiles.timeline import Timeline, Window
+from service.profiles.stats import pct, percentile, percentile_of_array, std, sum_in_order
+from service.profiles.timeline import CLASSES, Timeline, Window
 
 TOP_N = 10
 
@@ -44,17 +44,22 @@ def _self_times(t: RankTrace, items: list[int]) -> dict[int, float]:
 def _top_items(
     t: RankTrace, tl: Timeline, windows: list[Window], window_us: float
 ) -> tuple[list[TopItem], float]:
-    inside = _in_windows(windows)
-    items = [i for i in tl.item_events if t.ts[i] in inside]
-    self_t = _self_times(t, items) if tl.basis == "cpu_ops" else {}
-    groups: dict[str, list[int]] = defaultdict(list)
-    for i in items:
-        groups[t.name(i)].append(i)
+    ts = np.frombuffer(t.ts, dtype=np.float64)
+    inside = _in_windows(windows).contains(ts[tl.item_events])
+    items, item_class = tl.item_events[inside], tl.item_class[inside]
+    self_t = _self_times(t, items.tolist()) if tl.basis == "cpu_ops" else {}
+    # groups by name, in the order of each name's first item
+    names = np.frombuffer(t.name_idx, dtype=np.intc)[items]
+    by_name = np.argsort(names, kind="stable")
+    bounds = np.flatnonzero(np.diff(names[by_name])) + 1
+    groups = sorted(np.split(by_name, bounds) if len(items) else [], key=lambda g: int(g[0]))
+    dur = np.frombuffer(t.dur, dtype=np.float64)
     rows: list[TopItem] = []
     proxy = compute_total = 0.0
-    for name, idx in groups.items():
-        cls = tl.item_class[idx[0]]
-        durs = [t.dur[i] for i in idx]
+    for group in groups:
+        name, cls = t.names[names[group[0]]], CLASSES[item_class[group[0]]]
+        idx = items[group].tolist()
+        durs = dur[items[group]].tolist()
         selfs = [self_t[i] for i in idx] if self_t else None
         weight = sum(selfs) if selfs is not None else sum(durs)
         sub = subcategory(name, cls)
@@ -94,10 +99,9 @@ def _launch_stats(t: RankTrace, tl: Timeline, windows: list[Window]) -> LaunchSt
     call_corrs, first = np.unique(corr_ids[calls], return_index=True)
     call_at = calls[first]
     ts, dur = np.frombuffer(t.ts, dtype=np.float64), np.frombuffer(t.dur, dtype=np.float64)
-    other, inside = EventClass.other, _in_windows(windows)
-    items = np.array(
-        [g for g in tl.item_events if tl.item_class[g] is not other and t.ts[g] in inside], dtype=np.intp
-    )
+    gpu = tl.item_events[tl.item_class != CLASSES.index(EventClass.other)]
+    items = gpu[_in_windows(windows).contains(ts[gpu])]
+    del gpu
     n_gpu, lt10 = len(items), int((dur[items] < 10).sum())
     if len(call_corrs) and n_gpu:
         pos = np.minimum(np.searchsorted(call_corrs, corr_ids[items]), len(call_corrs) - 1)
@@ -105,10 +109,28 @@ def _launch_stats(t: RankTrace, tl: Timeline, windows: list[Window]) -> LaunchSt
         g, r = items[found], call_at[pos[found]]
     else:
         g = r = np.zeros(0, dtype=np.intp)
-    cpu_d: list[float] = dur[r].tolist()
-    delays: list[float] = np.maximum(0.0, ts[g] - (ts[r] + dur[r])).tolist()
+    cpu_d = dur[r]
+    delays = np.maximum(0.0, ts[g] - (ts[r] + dur[r]))
     short = int((dur[g] < dur[r]).sum())
-    del stream, corr_ids
+    del stream, corr_ids, items, g, r
+    if np.isnan(cpu_d).any() or np.isnan(delays).any():  # sorted() and max() order NaN as they meet it
+        return _launch_stats_of_lists(cpu_d.tolist(), delays.tolist(), short, lt10, n_gpu)
+    return LaunchStats(
+        n_launches=len(cpu_d),
+        cpu_launch_us_sum=round(sum_in_order(cpu_d), 3),
+        cpu_launch_us_p50=round(percentile_of_array(cpu_d, 50), 3),
+        cpu_launch_us_p95=round(percentile_of_array(cpu_d, 95), 3),
+        launch_delay_us_p50=round(percentile_of_array(delays, 50), 3),
+        launch_delay_us_p95=round(percentile_of_array(delays, 95), 3),
+        launch_delay_us_max=round(float(delays.max()) if len(delays) else 0.0, 3),
+        short_kernels=short,
+        runtime_outliers=int((cpu_d > 50).sum()),
+        launch_delay_outliers=int((delays > 100).sum()),
+        kernels_lt_10us_pct=pct(lt10, n_gpu),
+    )
+
+
+def _launch_stats_of_lists(cpu_d: list[float], delays: list[float], short: int, lt10: int, n_gpu: int) -> LaunchStats:
     return LaunchStats(
         n_launches=len(cpu_d),
         cpu_launch_us_sum=round(sum(cpu_d), 3),

@@ -1,9 +1,12 @@
-"""Small numeric helpers (no numpy)."""
+"""Small numeric helpers."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -15,6 +18,24 @@ def percentile(values: Sequence[float], q: float) -> float:
     lo = math.floor(pos)
     hi = min(lo + 1, len(xs) - 1)
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def percentile_of_array(values: npt.NDArray[np.float64], q: float) -> float:
+    """``percentile(values.tolist(), q)`` without a Python float per value; ``values`` must hold no NaN
+    (``sorted`` and ``numpy.sort`` order NaN differently)."""
+    if not len(values):
+        return 0.0
+    xs = np.sort(values)
+    pos = (len(xs) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    low, high = float(xs[lo]), float(xs[hi])
+    return low + (high - low) * (pos - lo)
+
+
+def sum_in_order(values: npt.NDArray[np.float64]) -> float:
+    """Python's ``sum`` of floats, left to right (numpy's ``sum`` adds pairwise, which rounds differently)."""
+    return 0.0 + float(np.add.accumulate(values)[-1]) if len(values) else 0.0  # 0.0 + : never -0.0, as sum
 
 
 def pct(part: float, whole: float) -> float:

@@ -33,6 +33,9 @@ from service.profiles.events import RankTrace
 from service.profiles.intervals import Union, subtract, union, union_of_arrays
 
 GPU_CLASSES = ("kernel", "Kernel", "gpu_memcpy", "gpu_memset", "Memcpy", "Memset")
+CLASSES = tuple(EventClass)
+"""``Timeline.item_class`` holds indices into this tuple."""
+_CODE = {c: np.int8(k) for k, c in enumerate(CLASSES)}
 
 
 @dataclass(slots=True)
@@ -52,8 +55,8 @@ class Timeline:
     host_sync: Union
     windows: list[Window]
     steps_present: list[int]
-    item_events: list[int]
-    item_class: dict[int, EventClass]
+    item_events: npt.NDArray[np.intp]  # event indices, ascending
+    item_class: npt.NDArray[np.int8]  # per item event, its class as an index into CLASSES
     gpu_starts: array[float] = field(default_factory=lambda: array("d"))
     gpu_launch_ts: array[float] = field(default_factory=lambda: array("d"))
     warnings: list[str] = field(default_factory=list)
@@ -107,34 +110,35 @@ def _launch_times(
 
 
 def _gpu_timeline(t: RankTrace) -> Timeline:
-    classes: dict[int, EventClass] = {}
-    members: dict[EventClass, list[int]] = {c: [] for c in EventClass}
     ts = np.frombuffer(t.ts, dtype=np.float64)
     dur = np.frombuffer(t.dur, dtype=np.float64)
     stream = np.frombuffer(t.stream, dtype=np.longlong)
     corr = np.frombuffer(t.correlation, dtype=np.longlong)
-    name_idx, cat_idx, size_args = t.name_idx, t.cat_idx, t.size_args
+    cat_idx = np.frombuffer(t.cat_idx, dtype=np.intc)
     on_gpu_cat = np.array([c in GPU_EVENT_CATS for c in t.cats], dtype=bool)
-    on_gpu = np.flatnonzero((stream >= 0) & on_gpu_cat[np.frombuffer(cat_idx, dtype=np.intc)])
-    known: dict[tuple[int, int, bool], EventClass] = {}  # classify_gpu_event by (name, cat, has args)
-    for i in on_gpu.tolist():
-        args = size_args.get(i)
-        key = (name_idx[i], cat_idx[i], args is not None and "Collective name" in args)
-        cls = known.get(key)
-        if cls is None:
-            cls = known[key] = classify_gpu_event(t.names[key[0]], t.cats[key[1]], key[2])
-        classes[i] = cls
-        members[cls].append(i)
+    on_gpu = np.flatnonzero((stream >= 0) & on_gpu_cat[cat_idx])
+    # classify_gpu_event once per distinct (name, category, has a "Collective name" arg)
+    collective = np.array(sorted(i for i, a in t.size_args.items() if "Collective name" in a), dtype=np.intp)
+    combo = np.frombuffer(t.name_idx, dtype=np.intc)[on_gpu].astype(np.int64) * len(t.cats) + cat_idx[on_gpu]
+    combo = 2 * combo + np.isin(on_gpu, collective)
+    distinct, which = np.unique(combo, return_inverse=True)
+    codes = np.array(
+        [_CODE[classify_gpu_event(t.names[c // 2 // len(t.cats)], t.cats[c // 2 % len(t.cats)], bool(c % 2))]
+         for c in distinct.tolist()],
+        dtype=np.int8,
+    )
+    item_class = codes[which].reshape(-1) if len(on_gpu) else np.zeros(0, dtype=np.int8)
+    del combo, which
 
     def class_union(cls: EventClass) -> Union:
-        idx = np.array(members[cls], dtype=np.intp)
+        idx = on_gpu[item_class == _CODE[cls]]
         return union_of_arrays(ts[idx], ts[idx] + dur[idx])
 
     # the launch time of each correlation id: its first CPU-side event
     launchers = np.flatnonzero((stream < 0) & (corr >= 0))
     launch_corrs, first = np.unique(corr[launchers], return_index=True)
     launch_ts = ts[launchers[first]]
-    gpu = np.array(sorted(i for i, c in classes.items() if c is not EventClass.other), dtype=np.intp)
+    gpu = on_gpu[item_class != _CODE[EventClass.other]]
     by_start = gpu[np.argsort(ts[gpu], kind="stable")]
     tl = Timeline(
         basis="gpu_kernels",
@@ -145,8 +149,8 @@ def _gpu_timeline(t: RankTrace) -> Timeline:
         host_sync=_named_union(t, HOST_SYNC_OP),
         windows=[],
         steps_present=[],
-        item_events=sorted(classes),
-        item_class=classes,
+        item_events=on_gpu,
+        item_class=item_class,
         gpu_starts=array("d", ts[by_start].tobytes()),
         gpu_launch_ts=array("d", _launch_times(launch_corrs, launch_ts, corr[by_start])[1].tobytes()),
     )
@@ -203,16 +207,17 @@ def _cpu_timeline(t: RankTrace) -> Timeline:
     memory = subtract(subtract(_named_union(t, CPU_COPY_OP, op_threads), enqueue), loader)
     compute = subtract(subtract(subtract(ops, enqueue), memory), loader)
     items = [i for i in range(len(t)) if t.cat(i) == "cpu_op" and t.thread_idx[i] in op_threads]
-    item_class = {
-        i: (
+    name_class = [
+        _CODE[
             EventClass.comm
-            if COMM_ENQUEUE_OP.match(t.name(i))
+            if COMM_ENQUEUE_OP.match(n)
             else EventClass.memory
-            if CPU_COPY_OP.match(t.name(i))
+            if CPU_COPY_OP.match(n)
             else EventClass.compute
-        )
-        for i in items
-    }
+        ]
+        for n in t.names
+    ]
+    item_class = np.array([name_class[t.name_idx[i]] for i in items], dtype=np.int8)
     tl = Timeline(
         basis="cpu_ops",
         compute=compute,
@@ -222,7 +227,7 @@ def _cpu_timeline(t: RankTrace) -> Timeline:
         host_sync=[],
         windows=[Window(s, t.ts[i], t.ts[i] + t.dur[i]) for s, i in steps],
         steps_present=[s for s, _ in steps],
-        item_events=items,
+        item_events=np.array(items, dtype=np.intp),
         item_class=item_class,
         warnings=warnings,
     )
