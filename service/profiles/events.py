@@ -1,9 +1,9 @@
 """Compact, columnar in-memory form of one rank's trace.
 
-Only complete events (``ph == "X"`` with ``dur`` and ``cat``) are kept, in typed arrays (about 60 bytes
+Only complete events (``ph == "X"`` with ``dur`` and ``cat``) are kept, in typed arrays (about 50 bytes
 per event instead of a Python dict each); ``python_function`` events are skipped (they only make traces
 huge, as HTA's streaming backend also does). ``args`` are reduced to the ids the analysis needs
-(stream, correlation, External id) plus, for collectives and memory copies only, the size fields.
+(stream, correlation) plus, for collectives and memory copies only, the size fields.
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ class _Args(msgspec.Struct, gc=False):
 
     stream: Any = None
     correlation: Any = None
-    external_id: Any = msgspec.field(default=None, name="External id")
     name: Any = _UNSET
     collective_name: Any = msgspec.field(default=_UNSET, name="Collective name")
     in_msg_nelems: Any = msgspec.field(default=_UNSET, name="In msg nelems")
@@ -116,7 +115,6 @@ class RankTrace:
     dur: array[float] = field(default_factory=lambda: array("d"))
     stream: array[int] = field(default_factory=lambda: array("q"))
     correlation: array[int] = field(default_factory=lambda: array("q"))
-    external_id: array[int] = field(default_factory=lambda: array("q"))
     size_args: dict[int, dict[str, Any]] = field(default_factory=dict)
     thread_names: dict[tuple[str, str], str] = field(default_factory=dict)
     float_timestamps: bool = False
@@ -229,7 +227,6 @@ class _Builder:
         if isinstance(args, dict):
             t.stream.append(_as_int(args.get("stream")))
             t.correlation.append(_as_int(args.get("correlation")))
-            t.external_id.append(_as_int(args.get("External id")))
             if self.carries_sizes[t.name_idx[i]] or "Collective name" in args:
                 kept = {k: args[k] for k in SIZE_ARG_KEYS if k in args}
                 if kept:
@@ -237,7 +234,6 @@ class _Builder:
         else:
             t.stream.append(-1)
             t.correlation.append(-1)
-            t.external_id.append(-1)
 
 
     def add_batch(self, events: list[_Event]) -> None:
@@ -297,7 +293,6 @@ class _Builder:
         args = [ev.args or no_args for ev in kept]
         t.stream.extend([v if type(v := a.stream) is int else _as_int(v) for a in args])
         t.correlation.extend([v if type(v := a.correlation) is int else _as_int(v) for a in args])
-        t.external_id.extend([v if type(v := a.external_id) is int else _as_int(v) for a in args])
         carries = self.carries_sizes
         for k, a in enumerate(args):
             if a is not no_args and (carries[name_col[k]] or a.collective_name is not _UNSET):
@@ -311,7 +306,7 @@ class _Builder:
         name_ids, cat_ids, thread_map = self.name_ids, self.cat_ids, self.thread_ids
         carries = self.carries_sizes
         ts_col, dur_col, name_col, cat_col, thread_col = t.ts, t.dur, t.name_idx, t.cat_idx, t.thread_idx
-        stream_col, corr_col, ext_col = t.stream, t.correlation, t.external_id
+        stream_col, corr_col = t.stream, t.correlation
         for ev in events:
             ts = ev.ts
             if ts is None or type(ts) is float:
@@ -355,11 +350,9 @@ class _Builder:
             if args is None:
                 stream_col.append(-1)
                 corr_col.append(-1)
-                ext_col.append(-1)
                 continue
             stream_col.append(_as_int(args.stream))
             corr_col.append(_as_int(args.correlation))
-            ext_col.append(_as_int(args.external_id))
             if carries[nid] or args.collective_name is not _UNSET:
                 kept = {k: v for k, attr in _SIZE_FIELDS if (v := getattr(args, attr)) is not _UNSET}
                 if kept:

@@ -103,8 +103,8 @@ def hta_compat_for_rank(trace: RankTrace, step_filter: bool) -> HtaCompat:
         kept_corrs = np.unique(corr[~is_gpu & before_last])
         keep &= np.where(is_gpu, np.isin(corr, kept_corrs), before_last)
     kinds = np.array([hta_kernel_type(name) for name in trace.names])
-    comp_rows = keep & (kinds[name_idx] == "COMPUTATION")
-    comm_rows = keep & (kinds[name_idx] == "COMMUNICATION")
+    comp_rows = keep & (kinds == "COMPUTATION")[name_idx]  # by name first: kinds[name_idx] is ~50 B an event
+    comm_rows = keep & (kinds == "COMMUNICATION")[name_idx]
     if not keep.any():
         return HtaCompat(
             applicable=False,

@@ -23,7 +23,7 @@ def _columns(t: RankTrace) -> dict[str, object]:
         "cats": [t.cats[i] for i in t.cat_idx],
         "threads": [t.threads[i] for i in t.thread_idx],
         "ts": list(t.ts), "dur": [repr(d) for d in t.dur], "stream": list(t.stream),  # NaN != NaN
-        "correlation": list(t.correlation), "external_id": list(t.external_id),
+        "correlation": list(t.correlation),
         "size_args": t.size_args, "thread_names": t.thread_names, "float_timestamps": t.float_timestamps,
         "skipped": t.skipped_python_functions, "meta": t.meta,
     }
