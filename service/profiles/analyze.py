@@ -15,7 +15,7 @@ from service.profiles.diagnosis import diagnose
 from service.profiles.errors import TraceError
 from service.profiles.events import DEFAULT_MAX_EVENTS, RankTrace, load_rank_trace
 from service.profiles.hta_compat import hta_compat_for_rank, local_step_symbols
-from service.profiles.intervals import Union, clip, intersect, measure, subtract, union
+from service.profiles.intervals import Union, clip, intersect, measure, union
 from service.profiles.models import CrossRank, HtaCompat, ProfileSummary, RankSummary, Straggler
 from service.profiles.partition import add_partitions, move_to_idle
 from service.profiles.rank_summary import rank_summary
@@ -85,8 +85,9 @@ def _analyse_rank(trace: RankTrace, index: int, world: int | None) -> _RankPass:
     instances = collect_instances(trace, tl, world)
     rank = trace.rank if trace.rank is not None else index
     summary = rank_summary(rank, trace, tl, instances, hta[choices[0]])
-    in_windows = intersect(tl.comm, union((w.start, w.end) for w in tl.windows))
-    comm_alone = np.array(subtract(subtract(in_windows, tl.compute), tl.memory), dtype=np.float64).reshape(-1, 2)
+    in_windows = tl.comm.within(union((w.start, w.end) for w in tl.windows)).union()
+    alone = tl.memory.subtract_from(tl.compute.subtract_from(in_windows))
+    comm_alone = np.array(alone, dtype=np.float64).reshape(-1, 2)
     return _RankPass(
         trace.path, trace.rank, summary, tl.windows, RankCollectives.of(instances), symbols, hta,
         (comm_alone[:, 0].copy(), comm_alone[:, 1].copy()),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -24,20 +25,21 @@ def union(intervals: Iterable[Interval]) -> Union:
     return out
 
 
-def union_of_arrays(starts: npt.NDArray[np.float64], ends: npt.NDArray[np.float64]) -> Union:
-    """``union(zip(starts, ends))``, computed with numpy: sort by (start, end); an interval opens where a
-    start lies past every earlier end."""
+def union_of_arrays(starts: npt.NDArray[np.float64], ends: npt.NDArray[np.float64]) -> Spans:
+    """``Spans.of(union(zip(starts, ends)))``, computed with numpy: sort by (start, end); an interval
+    opens where a start lies past every earlier end."""
     keep = ends > starts
     s, e = starts[keep], ends[keep]
     if len(s) == 0:
-        return []
+        return Spans(_NO_TIMES, _NO_TIMES)
     order = np.lexsort((e, s))
     s, e = s[order], e[order]
+    del order, keep
     opens = np.empty(len(s), dtype=bool)
     opens[0] = True
     np.greater(s[1:], np.maximum.accumulate(e)[:-1], out=opens[1:])
     first = np.flatnonzero(opens)
-    return list(zip(s[first].tolist(), np.maximum.reduceat(e, first).tolist(), strict=True))
+    return Spans(s[first], np.maximum.reduceat(e, first))
 
 
 def measure(u: Union) -> float:
@@ -118,3 +120,69 @@ class Membership:
         k = np.searchsorted(np.array(self._starts, dtype=np.float64), times, side="right") - 1
         ends = np.array(self._ends, dtype=np.float64)
         return (k >= 0) & (times < ends[np.maximum(k, 0)]) if len(ends) else np.zeros(len(times), dtype=bool)
+
+
+_NO_TIMES = np.zeros(0, dtype=np.float64)
+
+
+@dataclass(frozen=True, slots=True)
+class Spans:
+    """A ``Union`` held as two float64 arrays: 16 bytes an interval instead of about 110 for a list of
+    tuples. Every method returns what the same operation on the list form returns, value for value."""
+
+    starts: npt.NDArray[np.float64]
+    ends: npt.NDArray[np.float64]
+
+    @classmethod
+    def of(cls, u: Union) -> Spans:
+        if not u:
+            return cls(_NO_TIMES, _NO_TIMES)
+        pairs = np.array(u, dtype=np.float64)
+        return cls(pairs[:, 0].copy(), pairs[:, 1].copy())
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def union(self) -> Union:
+        """The list form."""
+        return list(zip(self.starts.tolist(), self.ends.tolist(), strict=True))
+
+    def measure(self) -> float:
+        """``measure(self.union())``: the lengths summed left to right."""
+        return 0.0 + float(np.add.accumulate(self.ends - self.starts)[-1]) if len(self) else 0.0
+
+    def clip(self, start: float, end: float) -> Union:
+        """``clip(self.union(), start, end)``."""
+        if end <= start:
+            return []
+        lo = int(np.searchsorted(self.ends, start, side="right"))
+        hi = int(np.searchsorted(self.starts, end, side="left"))
+        out = list(zip(self.starts[lo:hi].tolist(), self.ends[lo:hi].tolist(), strict=True))
+        if out:
+            if out[0][0] < start:
+                out[0] = (start, out[0][1])
+            if out[-1][1] > end:
+                out[-1] = (out[-1][0], end)
+        return out
+
+    def within(self, u: Union) -> Spans:
+        """``intersect(self.union(), u)``: the pieces of each interval of ``u``, in order."""
+        starts: list[npt.NDArray[np.float64]] = []
+        ends: list[npt.NDArray[np.float64]] = []
+        for s, e in u:
+            lo = int(np.searchsorted(self.ends, s, side="right"))
+            hi = int(np.searchsorted(self.starts, e, side="left"))
+            if hi > lo:
+                # only the first piece can start before s and only the last end after e (disjoint, sorted)
+                starts.append(np.maximum(self.starts[lo:hi], s))
+                ends.append(np.minimum(self.ends[lo:hi], e))
+        if not starts:
+            return Spans(_NO_TIMES, _NO_TIMES)
+        return Spans(np.concatenate(starts), np.concatenate(ends))
+
+    def subtract_from(self, u: Union) -> Union:
+        """``subtract(u, self.union())``, one interval of ``u`` at a time against its clipped part."""
+        out: Union = []
+        for s, e in u:
+            out.extend(subtract([(s, e)], self.clip(s, e)))
+        return out

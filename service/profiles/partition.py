@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service.profiles.intervals import Union, clip, intersect, measure, subtract, union
+from service.profiles.intervals import Union, intersect, measure, subtract, union
 from service.profiles.models import IdleBreakdown, Partition
 from service.profiles.stats import pct
 from service.profiles.timeline import Timeline, next_gpu_launch
@@ -12,7 +12,7 @@ KERNEL_WAIT_US = 30.0
 
 def partition_window(tl: Timeline, start: float, end: float) -> tuple[Partition, Union]:
     """The partition of [start, end) and the idle intervals in it."""
-    c, m, y = clip(tl.compute, start, end), clip(tl.comm, start, end), clip(tl.memory, start, end)
+    c, m, y = tl.compute.clip(start, end), tl.comm.clip(start, end), tl.memory.clip(start, end)
     cm, cy, my = intersect(c, m), intersect(c, y), intersect(m, y)
     cmy = measure(intersect(cm, y))
     busy = union(c + m + y)

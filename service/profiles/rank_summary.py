@@ -9,7 +9,7 @@ import numpy as np
 from service.profiles.classify import LAUNCH_RUNTIME, MEMORY_BOUND_PROXY, EventClass, short_name, subcategory
 from service.profiles.collectives import Instance, summarize
 from service.profiles.events import RankTrace
-from service.profiles.intervals import Membership, intersect, measure, union
+from service.profiles.intervals import Membership, union
 from service.profiles.models import HtaCompat, LaunchStats, Overlap, RankSummary, StepResult, TopItem
 from service.profiles.partition import add_idle, add_partitions, idle_breakdown, partition_window
 from service.profiles.stats import pct, percentile, percentile_of_array, std, sum_in_order
@@ -161,8 +161,8 @@ def rank_summary(
     partition = add_partitions([s.partition for s in per_step])
     window_us = partition.window_us
     win_u = union((w.start, w.end) for w in windows)
-    comp, comm, mem = intersect(tl.compute, win_u), intersect(tl.comm, win_u), intersect(tl.memory, win_u)
-    comm_us = measure(comm)
+    comp, comm, mem = tl.compute.within(win_u), tl.comm.within(win_u), tl.memory.within(win_u)
+    comm_us = comm.measure()
     exposed = partition.comm_only_us + partition.comm_memory_us
     top, proxy = _top_items(t, tl, windows, window_us)
     inside = _in_windows(windows)
@@ -181,15 +181,15 @@ def rank_summary(
         partition=partition,
         idle=add_idle(idles) if idles else idle_breakdown(tl, []),
         overlap=Overlap(
-            comm_overlapped_by_compute_pct=pct(measure(intersect(comp, comm)), comm_us) if comm_us else None,
+            comm_overlapped_by_compute_pct=pct(comp.within(comm.union()).measure(), comm_us) if comm_us else None,
             exposed_comm_us=round(exposed, 3),
             exposed_comm_pct_of_window=pct(exposed, window_us),
             waiting_on_peer_us=0.0,  # needs every rank: analyze.py fills it in, with the idle split
         ),
         totals_us={
-            "compute": round(measure(comp), 3),
+            "compute": round(comp.measure(), 3),
             "comm": round(comm_us, 3),
-            "memory": round(measure(mem), 3),
+            "memory": round(mem.measure(), 3),
         },
         per_step=per_step,
         top_items=top,

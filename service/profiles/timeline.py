@@ -30,7 +30,7 @@ from service.profiles.classify import (
     classify_gpu_event,
 )
 from service.profiles.events import RankTrace
-from service.profiles.intervals import Union, subtract, union, union_of_arrays
+from service.profiles.intervals import Spans, Union, subtract, union, union_of_arrays
 
 GPU_CLASSES = ("kernel", "Kernel", "gpu_memcpy", "gpu_memset", "Memcpy", "Memset")
 CLASSES = tuple(EventClass)
@@ -48,9 +48,9 @@ class Window:
 @dataclass
 class Timeline:
     basis: str
-    compute: Union
-    comm: Union
-    memory: Union
+    compute: Spans
+    comm: Spans
+    memory: Spans
     data_loader: Union
     host_sync: Union
     windows: list[Window]
@@ -130,7 +130,7 @@ def _gpu_timeline(t: RankTrace) -> Timeline:
     item_class = codes[which].reshape(-1) if len(on_gpu) else np.zeros(0, dtype=np.int8)
     del combo, which
 
-    def class_union(cls: EventClass) -> Union:
+    def class_union(cls: EventClass) -> Spans:
         idx = on_gpu[item_class == _CODE[cls]]
         return union_of_arrays(ts[idx], ts[idx] + dur[idx])
 
@@ -220,9 +220,9 @@ def _cpu_timeline(t: RankTrace) -> Timeline:
     item_class = np.array([name_class[t.name_idx[i]] for i in items], dtype=np.int8)
     tl = Timeline(
         basis="cpu_ops",
-        compute=compute,
-        comm=comm,
-        memory=memory,
+        compute=Spans.of(compute),
+        comm=Spans.of(comm),
+        memory=Spans.of(memory),
         data_loader=loader,
         host_sync=[],
         windows=[Window(s, t.ts[i], t.ts[i] + t.dur[i]) for s, i in steps],
