@@ -90,7 +90,7 @@ def hta_compat_for_rank(trace: RankTrace, step_filter: bool) -> HtaCompat:
     if trace.float_timestamps:
         starts, ends = np.ceil(ts), np.floor(ts + dur)
     else:
-        starts, ends = ts.copy(), ts + dur
+        starts, ends = ts, ts + dur
     keep = stream != -1
     if step_filter:
         symbols = local_step_symbols(trace)
@@ -100,8 +100,17 @@ def hta_compat_for_rank(trace: RankTrace, step_filter: bool) -> HtaCompat:
         step_starts = starts[step_name[name_idx] & ~is_gpu]
         last_start = float(step_starts.max()) if len(step_starts) else math.nan
         before_last = starts < last_start
-        kept_corrs = np.unique(corr[~is_gpu & before_last])
-        keep &= np.where(is_gpu, np.isin(corr, kept_corrs), before_last)
+        # np.isin(corr, kept CPU rows' correlations), by bisection: isin sorts a copy of both sides
+        kept_corrs = np.sort(corr[~is_gpu & before_last])
+        if len(kept_corrs):
+            at = np.searchsorted(kept_corrs, corr)
+            np.minimum(at, len(kept_corrs) - 1, out=at)
+            matched = kept_corrs[at] == corr
+            del at
+        else:
+            matched = np.zeros(len(corr), dtype=bool)
+        keep &= np.where(is_gpu, matched, before_last)
+        del kept_corrs, matched, is_gpu, before_last
     kinds = np.array([hta_kernel_type(name) for name in trace.names])
     comp_rows = keep & (kinds == "COMPUTATION")[name_idx]  # by name first: kinds[name_idx] is ~50 B an event
     comm_rows = keep & (kinds == "COMMUNICATION")[name_idx]
@@ -117,9 +126,11 @@ def hta_compat_for_rank(trace: RankTrace, step_filter: bool) -> HtaCompat:
     # which keeps its sums exact. Summed unshifted (trace timestamps are ~1e12-1e15 us), float sums
     # lose whole microseconds past 2**53; summing each interval's length gives HTA's exact result.
     run_time = _sum_in_order(merged_ends - merged_starts)
+    del merged_starts, merged_ends, keep
     idle = kernel_time - run_time
     comp = _hta_merge(starts[comp_rows], ends[comp_rows])
     comm = _hta_merge(starts[comm_rows], ends[comm_rows])
+    del starts, ends, comp_rows, comm_rows
     compute = _sum_in_order(comp[1] - comp[0])
     non_compute = kernel_time - compute - idle
     comm_total = _sum_in_order(comm[1] - comm[0])
