@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from service.store.models import Event, Job, Team, as_utc, utcnow
 from service.store.tokens import Principal
-from service.store.vocab import Role
+from service.store.visibility import visible_to
 
 MAX_FEED_PAGE = 500
 #: PostgreSQL: a gap in event ids before an event younger than this may be a transaction still in
@@ -81,10 +81,7 @@ def list_feed(session: Session, principal: Principal, filters: FeedFilter, *, si
     horizon = committed_horizon(session)
     if horizon is not None:
         stmt = stmt.where(Event.id <= horizon)
-    if principal.role == Role.MEMBER:
-        stmt = stmt.where(Job.team_id == principal.team_id)
-    elif principal.role == Role.JOB:
-        stmt = stmt.where(Job.id == principal.job_id)
+    stmt = visible_to(stmt, principal)
     if filters.team is not None:
         stmt = stmt.where(Team.name == filters.team)
     if filters.job_id is not None:

@@ -25,6 +25,7 @@ from service.store.models import Event, IdempotencyKey, Job, Measurement, Team
 from service.store.queue_view import invalidate as invalidate_queue_view
 from service.store.states import TERMINAL, add_event, transition
 from service.store.tokens import Conflict, NotFound, Principal
+from service.store.visibility import can_see, visible_to
 from service.store.vocab import EventKind, JobStatus, MeasurementKind, Role
 
 MAX_PAGE = 200
@@ -99,14 +100,6 @@ def visible_job(session: Session, principal: Principal, job_id: int, *, for_upda
     return job
 
 
-def can_see(principal: Principal, job: Job) -> bool:
-    if principal.role == Role.ADMIN:
-        return True
-    if principal.role == Role.MEMBER:
-        return job.team_id == principal.team_id
-    return principal.job_id == job.id
-
-
 @dataclass(frozen=True, slots=True)
 class JobFilter:
     """`gpu` is the GPU kind (`cpu` too); `created_after`/`created_before` bound the submission time."""
@@ -123,10 +116,7 @@ class JobFilter:
 def _filtered(stmt: Select[*Row], principal: Principal, filters: JobFilter, *,
               status: bool = True) -> Select[*Row]:
     """`stmt` (over `Job`) narrowed to what `principal` may see and `filters` match."""
-    if principal.role == Role.MEMBER:
-        stmt = stmt.where(Job.team_id == principal.team_id)
-    elif principal.role == Role.JOB:
-        stmt = stmt.where(Job.id == principal.job_id)
+    stmt = visible_to(stmt, principal)
     if status and filters.status:
         stmt = stmt.where(Job.status.in_(list(filters.status)))
     if filters.team:  # a scalar subquery, not a join: the (team_id, column, id) indexes then give the order
