@@ -30,8 +30,8 @@ import msgspec
 
 from service.profiles.errors import TraceError
 
-CHUNK_CHARS = 1 << 18
-BATCH_CHARS = 1 << 17
+CHUNK_CHARS = 1 << 16
+BATCH_CHARS = 1 << 15
 DEFAULT_MAX_VALUE_CHARS = 64 << 20
 _NOT_WS = re.compile(r"[^ \t\r\n]")
 
