@@ -91,28 +91,44 @@ def _top_items(
 def _launch_stats(t: RankTrace, tl: Timeline, windows: list[Window]) -> LaunchStats | None:
     if tl.basis != "gpu_kernels":
         return None
-    # each correlation id's first CPU-side launch call (cudaLaunchKernel...)
+    # each correlation id's first CPU-side launch call (cudaLaunchKernel...); rank-sized temporaries
+    # are made in place and dropped once used, since this runs at the rank's memory peak
     stream = np.frombuffer(t.stream, dtype=np.longlong)
     corr_ids = np.frombuffer(t.correlation, dtype=np.longlong)
     is_launch = np.array([n in LAUNCH_RUNTIME for n in t.names], dtype=bool)
-    calls = np.flatnonzero((stream < 0) & (corr_ids >= 0) & is_launch[np.frombuffer(t.name_idx, dtype=np.intc)])
-    call_corrs, first = np.unique(corr_ids[calls], return_index=True)
-    call_at = calls[first]
+    mask = is_launch[np.frombuffer(t.name_idx, dtype=np.intc)]
+    mask &= stream < 0
+    mask &= corr_ids >= 0
+    calls = np.flatnonzero(mask).astype(np.int32)
+    del mask
+    call_corrs = corr_ids[calls]
+    order = np.argsort(call_corrs, kind="stable")  # np.unique(..., return_index=True)
+    call_corrs, calls = call_corrs[order], calls[order]
+    del order
+    firsts = np.flatnonzero(np.concatenate(([True], call_corrs[1:] != call_corrs[:-1])))
+    call_corrs, call_at = call_corrs[firsts], calls[firsts]
+    del calls, firsts
     ts, dur = np.frombuffer(t.ts, dtype=np.float64), np.frombuffer(t.dur, dtype=np.float64)
     gpu = tl.item_events[tl.item_class != CLASSES.index(EventClass.other)]
     items = gpu[_in_windows(windows).contains(ts[gpu])]
     del gpu
     n_gpu, lt10 = len(items), int((dur[items] < 10).sum())
     if len(call_corrs) and n_gpu:
-        pos = np.minimum(np.searchsorted(call_corrs, corr_ids[items]), len(call_corrs) - 1)
-        found = call_corrs[pos] == corr_ids[items]
+        item_corrs = corr_ids[items]
+        pos = np.searchsorted(call_corrs, item_corrs)
+        np.minimum(pos, len(call_corrs) - 1, out=pos)
+        found = call_corrs[pos] == item_corrs
+        del item_corrs
         g, r = items[found], call_at[pos[found]]
+        del pos, found
     else:
         g = r = np.zeros(0, dtype=np.intp)
+    del items, call_corrs, call_at
     cpu_d = dur[r]
-    delays = np.maximum(0.0, ts[g] - (ts[r] + dur[r]))
-    short = int((dur[g] < dur[r]).sum())
-    del stream, corr_ids, items, g, r
+    delays = ts[g] - (ts[r] + cpu_d)
+    np.maximum(0.0, delays, out=delays)
+    short = int((dur[g] < cpu_d).sum())
+    del g, r
     if np.isnan(cpu_d).any() or np.isnan(delays).any():  # sorted() and max() order NaN as they meet it
         return _launch_stats_of_lists(cpu_d.tolist(), delays.tolist(), short, lt10, n_gpu)
     return LaunchStats(

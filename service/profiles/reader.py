@@ -31,7 +31,7 @@ import msgspec
 from service.profiles.errors import TraceError
 
 CHUNK_CHARS = 1 << 16
-BATCH_CHARS = 1 << 15
+BATCH_CHARS = 1 << 14
 DEFAULT_MAX_VALUE_CHARS = 64 << 20
 _NOT_WS = re.compile(r"[^ \t\r\n]")
 
