@@ -138,6 +138,7 @@ def _gpu_timeline(t: RankTrace) -> Timeline:
     launchers = np.flatnonzero((stream < 0) & (corr >= 0))
     launch_corrs, first = np.unique(corr[launchers], return_index=True)
     launch_ts = ts[launchers[first]]
+    del launchers, first
     gpu = on_gpu[item_class != _CODE[EventClass.other]]
     by_start = gpu[np.argsort(ts[gpu], kind="stable")]
     tl = Timeline(
@@ -167,13 +168,17 @@ def _gpu_timeline(t: RankTrace) -> Timeline:
     starts = np.array([t.ts[si] for _, si in steps])
     step_ends = starts + np.array([t.dur[si] for _, si in steps])
     launched, lt = _launch_times(launch_corrs, launch_ts, corr[gpu])
+    del launch_corrs, launch_ts
     k = np.searchsorted(starts, lt, side="right") - 1
     in_step = launched & (k >= 0)
     in_step[in_step] = lt[in_step] < step_ends[k[in_step]]
+    del launched, lt
+    k, stepped = k[in_step], gpu[in_step]
+    del in_step
     lo = np.full(len(steps), np.inf)
     hi = np.full(len(steps), -np.inf)
-    np.minimum.at(lo, k[in_step], ts[gpu[in_step]])
-    np.maximum.at(hi, k[in_step], ts[gpu[in_step]] + dur[gpu[in_step]])
+    np.minimum.at(lo, k, ts[stepped])
+    np.maximum.at(hi, k, ts[stepped] + dur[stepped])
     for (step, si), low, high in zip(steps, lo.tolist(), hi.tolist(), strict=True):
         if high > low:
             tl.windows.append(Window(step, low, high))
