@@ -116,6 +116,7 @@ class Calibration(BaseModel):
 
 def _factor(pairs: list[tuple[float, float]]) -> Factor | None:
     """The median-of-log-ratios fit of (predicted, measured) pairs."""
+    pairs = [(p, m) for p, m in pairs if p > 0 and m > 0 and math.isfinite(m / p) and m / p > 0]
     if not pairs:
         return None
     value = math.exp(statistics.median(math.log(m / p) for p, m in pairs))
@@ -231,22 +232,44 @@ def apply(ctx: Context, results: list[SearchResult], calibration: Calibration) -
     return out
 
 
-class _Predicted(BaseModel):
+#: The measured/predicted ratios a sample may have. The model is never off by 100x: a report
+#: outside is broken or forged (a job's own program holds its token and may post any report), and
+#: one such sample must not move a factor every later plan of that GPU kind uses.
+PLAUSIBLE_RATIO = (0.01, 100.0)
+
+
+class _Reported(BaseModel):
+    """A report's part as the job's program posted it: finite numbers, every other field ignored."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+
+class _Predicted(_Reported):
     step_s: float
     peak_allocated: float
 
 
-class _Measured(BaseModel):
+class _Measured(_Reported):
     step_s: float | None = None
     peak: float | None = None
 
 
-class ReportedRun(BaseModel):
+class _Layout(_Reported):
+    """What `family` reads of the report's layout."""
+
+    sharding: str = "ddp"
+    tp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1)
+    cp: int = Field(1, ge=1)
+    offload: str = "none"
+
+
+class ReportedRun(_Reported):
     """The parts of a runtime report (`workers.runtime.report.Report`, posted as a `report`
     measurement) that calibration reads; everything else is ignored."""
 
     status: str
-    layout: dict[str, Any]
+    layout: _Layout
     predicted: _Predicted | None = None
     measured: _Measured = Field(default_factory=_Measured)
 
@@ -269,13 +292,21 @@ def sample_of(report: ReportedRun, gpu: str, *, step_factor: float = 1.0) -> Sam
     p, m = report.predicted, report.measured
     if report.status != "succeeded" or p is None or p.step_s <= 0 or p.peak_allocated <= 0:
         return None
-    step = m.step_s if m.step_s is not None and m.step_s > 0 else None
-    peak = m.peak if m.peak is not None and m.peak > 0 else None
+    predicted_step = p.step_s / step_factor
+    step = _plausible(m.step_s, predicted_step)
+    peak = _plausible(m.peak, p.peak_allocated)
     if step is None and peak is None:
         return None
-    return Sample(gpu=gpu, family=family(report.layout), predicted_step_s=p.step_s / step_factor,
-                  measured_step_s=step, predicted_peak_bytes=p.peak_allocated,
-                  measured_peak_bytes=peak)
+    return Sample(gpu=gpu, family=family(report.layout.model_dump()), predicted_step_s=predicted_step,
+                  measured_step_s=step, predicted_peak_bytes=p.peak_allocated, measured_peak_bytes=peak)
+
+
+def _plausible(measured: float | None, predicted: float) -> float | None:
+    """`measured` when it was measured and its ratio to `predicted` is within `PLAUSIBLE_RATIO`."""
+    if measured is None or measured <= 0:
+        return None
+    low, high = PLAUSIBLE_RATIO
+    return measured if low <= measured / predicted <= high else None
 
 
 class PredictionError(BaseModel):
@@ -320,6 +351,6 @@ def prediction_error(report: ReportedRun, *, calibrated: bool = False,
         calibrated=calibrated)
 
 
-__all__ = ["DEFAULT_MIN_RUNS", "DEFAULT_WINDOW", "Calibration", "Factor", "GroupCalibration", "PredictionError",
-           "ReportedRun", "Sample", "apply", "calibrate_candidate", "family", "fit", "prediction_error", "sample_of",
-           "scale_time", "search_contexts"]
+__all__ = ["DEFAULT_MIN_RUNS", "DEFAULT_WINDOW", "PLAUSIBLE_RATIO", "Calibration", "Factor", "GroupCalibration",
+           "PredictionError", "ReportedRun", "Sample", "apply", "calibrate_candidate", "family", "fit",
+           "prediction_error", "sample_of", "scale_time", "search_contexts"]

@@ -1,6 +1,6 @@
 """Calibration in the store: samples read incrementally from finished runs' reports, and the fit.
 
-Each succeeded run's `report` measurement becomes one `CalibrationSample` (the model's own
+Each succeeded run's `report` measurement becomes one `CalibrationSample` (one per job) (the model's own
 prediction and what was measured, `service.planner.calibration.sample_of`). `refresh` reads only
 the reports added since its cursor, so its cost follows what is new, not how many jobs the store
 holds; `current` fits from at most `window` newest samples per GPU kind and family, and keeps the
@@ -11,6 +11,7 @@ passed it (two writers racing on PostgreSQL) is not read: one sample fewer, neve
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 import time
 from collections.abc import Mapping
@@ -37,6 +38,7 @@ from service.planner.result import Plan
 from service.store.calibration_models import CalibrationCursor, CalibrationSample
 from service.store.models import Job, Measurement
 
+log = logging.getLogger(__name__)
 BATCH = 1000
 _CURSOR_ID = 1
 
@@ -56,7 +58,9 @@ def _cursor(session: Session, *, lock: bool) -> CalibrationCursor:
 
 def refresh(session: Session) -> int:
     """Read the reports added since the last refresh into samples; returns how many samples were
-    added. Writes (and locks the cursor row) only when there is a new report."""
+    added. Writes (and locks the cursor row) only when there is a new report. A job gives at most
+    one sample, from its first report that makes one (a job's program holds its token and could post
+    many); a report that is not one, or not plausible (`sample_of`), gives none."""
     cursor = _cursor(session, lock=False)
     newer = select(func.min(Measurement.id)).where(
         Measurement.id > cursor.scanned_through, Measurement.kind == MeasurementKind.REPORT)
@@ -74,9 +78,12 @@ def refresh(session: Session) -> int:
         if not rows:
             break
         values: list[dict[str, Any]] = []
+        sampled = set(session.scalars(select(CalibrationSample.job_id).where(
+            CalibrationSample.job_id.in_({row[1] for row in rows}))))
         for mid, job_id, data, gpu, plan in rows:
-            sample = _sample(data, gpu, plan)
+            sample = _sample(data, gpu, plan) if job_id not in sampled else None
             if sample is not None:
+                sampled.add(job_id)
                 values.append({"measurement_id": mid, "job_id": job_id, **sample.model_dump(exclude={"gpu"}),
                                "gpu": sample.gpu})
         if values:
@@ -148,13 +155,19 @@ class CalibrationSource:
         self._held: tuple[float, Calibration, str] | None = None
 
     def __call__(self) -> tuple[Calibration, str]:
+        """Never raises: should the store fail to give a calibration, planning goes on with the last one
+        read (none at first: the model's own figures), and the failure is logged."""
         now = time.monotonic()
         with self._lock:
             held = self._held
         if held is not None and now - held[0] < self.ttl_s:
             return held[1], held[2]
-        with self.sessions.begin() as session:
-            cal = current(session, min_runs=self.min_runs)
+        try:
+            with self.sessions.begin() as session:
+                cal = current(session, min_runs=self.min_runs)
+        except Exception:
+            log.exception("calibration could not be read; planning without new measurements")
+            cal = held[1] if held is not None else Calibration(min_runs=self.min_runs)
         pair = (cal, held[2] if held is not None and held[1] is cal else version(cal))
         with self._lock:
             self._held = (now, *pair)
@@ -167,7 +180,9 @@ def job_prediction_error(plan: Plan, report: Mapping[str, Any] | None) -> Predic
     if run is None:
         return None
     use = plan.calibration
-    return prediction_error(run, calibrated=use is not None and use.used,
+    # Calibrated: its own figures carry a factor (`used` alone may mean other families re-ranked it).
+    applied = use is not None and (use.step_factor != 1.0 or use.memory_factor != 1.0)
+    return prediction_error(run, calibrated=applied,
                             memory_factor=use.memory_factor if use is not None else 1.0)
 
 

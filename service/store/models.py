@@ -247,7 +247,9 @@ class Measurement(Base):
     """What a job reported about itself: heartbeats, the final report, profile summaries."""
 
     __tablename__ = "measurements"
-    __table_args__ = (Index("ix_measurements_job_id_kind_id", "job_id", "kind", "id"),)
+    # (kind, id): calibration reads the reports past its cursor without the heartbeats between them.
+    __table_args__ = (Index("ix_measurements_job_id_kind_id", "job_id", "kind", "id"),
+                      Index("ix_measurements_kind_id", "kind", "id"))
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))

@@ -181,3 +181,31 @@ def test_replicas_reading_at_once_count_each_report_once(env: Env, admin: dict[s
     assert errors == []
     [group] = calibration(env, admin)["groups"]
     assert group["runs"] == 12
+
+
+def test_no_report_a_jobs_program_posts_breaks_planning_or_outweighs_other_jobs(
+        fresh: Env, admin: dict[str, str]) -> None:
+    """A job's own program holds its token and may post any report: one that is not a report, or whose
+    figures are implausible (measured/predicted outside `PLAUSIBLE_RATIO`), gives no sample and planning
+    goes on; a job posting many reports gives one sample."""
+    env = fresh
+    job_id, plan = submit(env, admin, "forger")
+    good = report(plan, step=1.0, memory=1.0)
+
+    def post(job: int, data: dict[str, Any]) -> None:
+        r = env.client.post(f"/v1/jobs/{job}/measurements", json={"kind": "report", "data": data}, headers=admin)
+        assert r.status_code == 201, r.text
+
+    post(job_id, {**good, "layout": {"tp": "x"}})
+    post(job_id, {**good, "predicted": {**good["predicted"], "step_s": 1e308},
+                  "measured": {"step_s": 5e-324, "peak": 5e-324}})
+    post(job_id, {**good, "measured": {"step_s": good["measured"]["step_s"] * 1000, "peak": 1.0}})
+    assert calibration(env, admin)["groups"] == []
+    submit(env, admin, "still-planned")  # planning reads calibration on every submission here (ttl 0)
+
+    for _ in range(6):
+        post(job_id, report(plan, step=2.0, memory=1.0))
+    [group] = calibration(env, admin)["groups"]
+    assert group["runs"] == 1 and group["step"]["value"] == pytest.approx(2.0)
+    _, planned = submit(env, admin, "after")
+    assert planned.calibration is not None and not planned.calibration.used
