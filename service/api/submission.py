@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -358,6 +359,9 @@ def submit(db: sessionmaker[Session], principal: Principal, spec: TrainingSpec,
 
 #: The most specs one batch submission takes (and the body must stay under the server's body limit).
 MAX_BATCH = 500
+#: The most seconds one batch may spend planning, all its items together (each item also has the
+#: planner's own budget): 500 distinct costly specs would otherwise hold a server thread for an hour.
+BATCH_PLANNING_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,11 +383,17 @@ def submit_batch(db: sessionmaker[Session], principal: Principal, specs: list[Tr
     When any item is refused, nothing is stored: `ApiError` with the status and code of the first
     refused item, every refused item in `details.items` (index, status, code, message, fields) and
     each field prefixed with its item (`specs.3.resources.gpu`, as schema errors name it). A 503
-    (planner busy) stops at once.
+    (planner busy) stops at once, and so does planning past `BATCH_PLANNING_S` (422 `plan_too_costly`).
     """
     refused: list[tuple[int, ApiError]] = []
     prepared: list[Prepared] = []
+    deadline = time.monotonic() + BATCH_PLANNING_S
     for index, spec in enumerate(specs):
+        if index and time.monotonic() > deadline:
+            raise ApiError(422, PLAN_TOO_COSTLY, f"planning this batch took over {BATCH_PLANNING_S:g} s after"
+                           f" {index} of its {len(specs)} specs; nothing was stored. Submit fewer distinct specs"
+                           " per batch (specs that differ only by name are planned once)",
+                           details={"budget_s": BATCH_PLANNING_S, "planned": index, "items": len(specs)})
         try:
             check_backend(spec, configured)
             team_name = team_of(principal, spec)

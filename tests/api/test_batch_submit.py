@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
+
+from service.api import submission
 from service.api.submission import MAX_BATCH
 from service.scheduling.snapshot import SnapshotParams
 from service.store.models import Event, Job
@@ -105,3 +108,15 @@ def test_a_batch_needs_a_person_token(env: Env, admin: dict[str, str]) -> None:
     job_id = env.client.post("/v1/jobs", json=tiny(), headers=admin).json()["id"]
     job_token = env.headers(env.token("job", job_id=job_id))
     assert env.client.post(BATCH, json={"specs": [tiny()]}, headers=job_token).status_code == 403
+
+
+def test_a_batch_stops_planning_past_its_budget_and_stores_nothing(env: Env, admin: dict[str, str],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(submission, "BATCH_PLANNING_S", 0.0)  # past the budget once the first item is planned
+    r = env.client.post(BATCH, json={"specs": [tiny(name="first"), tiny(name="second", training={"global_batch": 4})]},
+                        headers=admin)
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["code"] == "plan_too_costly" and "after 1 of its 2 specs" in error["message"]
+    assert "fewer distinct specs" in error["message"]
+    assert env.client.get("/v1/jobs", headers=admin).json()["items"] == []
