@@ -17,8 +17,9 @@ The rules (docs/planner.md, "Calibration"):
 - **Use**: a factor is used only when its group has at least `min_runs` runs (default 5); below
   that the plan is made as without calibration and says so.
 - **Apply**: the step-time factor multiplies every part of a candidate's step time (so ranking and
-  every sentence use the calibrated time); the memory factor multiplies its per-GPU total, and
-  the calibrated total decides whether it fits and whether it leaves the minimum free.
+  every sentence use the calibrated time); the memory factor multiplies its per-GPU allocated bytes
+  (not the runtime's fixed overhead), and the calibrated total decides whether it fits and whether
+  it leaves the minimum free.
 """
 
 from __future__ import annotations
@@ -174,10 +175,14 @@ def search_contexts(ctx: Context, calibration: Calibration) -> list[Context]:
 
 
 def calibrate_candidate(ctx: Context, cand: Candidate, calibration: Calibration) -> Candidate:
-    """`cand` with its family's factors applied: step time and per-GPU total scaled, fit and tier
+    """`cand` with its family's factors applied: step time scaled, and the per-GPU total's allocated
+    part (tensors and the allocator margin, not the runtime's fixed overhead) scaled; fit and tier
     decided on the scaled total against the GPU's own limit (`ctx.limit`)."""
     gpu, fam = ctx.cluster.gpu.name, family(cand.layout)
-    total = cand.total * calibration.memory_factor(gpu, fam)
+    # The factor was fitted on allocated bytes (tensors); the allocator margin follows them, the
+    # runtime's fixed overhead (CUDA context, libraries) does not.
+    overhead = cand.parts[0].overhead if cand.parts is not None else cand.mem.runtime_overhead
+    total = (cand.total - overhead) * calibration.memory_factor(gpu, fam) + overhead
     fits = total <= ctx.limit
     step = calibration.step_factor(gpu, fam)
     time = None if cand.time is None else scale_time(cand.time, step)

@@ -96,7 +96,8 @@ class CalibrationUse(BaseModel):
     """Whether and how measurements of earlier runs corrected this plan (docs/planner.md, "Calibration").
 
     When `used`, the plan's `time` and ranking include `step_factor` and its fit was decided on
-    `memory_total` (the model's `memory.total` times `memory_factor`); `memory` stays the model's breakdown."""
+    `memory_total` (the model's allocated bytes, `memory.total` less `memory.runtime_overhead`, times
+    `memory_factor`, plus that overhead); `memory` stays the model's breakdown."""
 
     used: bool
     gpu: str
@@ -104,9 +105,11 @@ class CalibrationUse(BaseModel):
     runs: int = Field(description="Measured runs of this GPU kind and family.")
     min_runs: int = Field(description="Runs a factor needs before it is used.")
     step_factor: float = Field(description="Applied to the step time (1.0: not applied).")
-    memory_factor: float = Field(description="Applied to the per-GPU total (1.0: not applied).")
+    memory_factor: float = Field(description="Applied to the per-GPU allocated bytes, not the runtime's fixed"
+                                 " overhead (1.0: not applied).")
     model_step_s: float = Field(description="The model's step time before calibration.")
-    memory_total: int = Field(description="Calibrated bytes per GPU: memory.total x memory_factor.")
+    memory_total: int = Field(description="Calibrated bytes per GPU: (memory.total - memory.runtime_overhead) x"
+                              " memory_factor + memory.runtime_overhead.")
     families: int = Field(0, description="Families of this GPU kind with a factor in use (they re-ranked the search).")
 
 
