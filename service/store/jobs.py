@@ -62,29 +62,6 @@ class NewJob:
     plan: Plan
 
 
-def create_job(session: Session, new: NewJob, *, actor: str, idempotency: tuple[str, str, str] | None) -> Job:
-    """Insert a QUEUED job, its `job.queued` event and its idempotency key in the caller's transaction.
-
-    `idempotency` is (scope, key, body hash). A concurrent request that inserted the same key
-    first wins: the unique constraint fails here and the caller retries `find_idempotent`.
-    """
-    spec, plan = new.spec, new.plan
-    job = Job(name=spec.name, team_id=new.team.id, status=JobStatus.QUEUED, backend=spec.backend.kind,
-              priority=spec.priority, spec=spec, plan=plan, created_by=actor,
-              layout=plan.layout.short()[:200], predicted_step_s=plan.time.step_s,
-              gpu=plan.gpu, gpus=plan.world_size,
-              predicted_s=plan.time.step_s * plan.training.steps if plan.training is not None else None)
-    session.add(job)
-    session.flush()
-    add_event(session, job, actor=actor, kind=EventKind.status(JobStatus.QUEUED), message="planned and queued",
-              data={"layout": plan.layout.to_dict(), "step_s": plan.time.step_s})
-    if idempotency is not None:
-        scope, key, digest = idempotency
-        session.add(IdempotencyKey(scope=scope, key=key, body_hash=digest, job_id=job.id))
-    session.flush()
-    return job
-
-
 def visible_job(session: Session, principal: Principal, job_id: int, *, for_update: bool = False,
                 detail: bool = False) -> Job:
     """The job if the principal may see it, else `NotFound` (never 'forbidden': that would leak it).

@@ -9,9 +9,10 @@ from service.planner import plan
 from service.spec import TrainingSpec
 from service.store import migrate
 from service.store.db import make_engine, make_sessionmaker
-from service.store.jobs import NewJob, create_job
+from service.store.jobs import NewJob
 from service.store.models import Event, Job
 from service.store.states import ALLOWED, TERMINAL, IllegalTransition, JobStatus, transition
+from service.store.submissions import insert_jobs
 from service.store.tokens import ensure_team
 from tests.specs import tiny
 
@@ -39,7 +40,7 @@ PLAN = plan(SPEC)
 def _job(sessions) -> int:
     with sessions.begin() as session:
         team = ensure_team(session, "alpha")
-        job = create_job(session, NewJob(team=team, spec=SPEC, plan=PLAN), actor="test", idempotency=None)
+        [job] = insert_jobs(session, [NewJob(team=team, spec=SPEC, plan=PLAN)], actor="test")
         return job.id
 
 
