@@ -26,6 +26,8 @@ def test_submit_plans_and_queues(env: Env, admin: dict[str, str]) -> None:
     assert job["spec"]["team"] == "alpha" and job["predicted_step_s"] > 0
     events = env.client.get(f"/v1/jobs/{job['id']}/events", headers=admin).json()
     assert [e["kind"] for e in events] == ["job.queued"]
+    # The 201 is rendered from the inserted row without a read back: it is the job as any read gives it.
+    assert job == env.client.get(f"/v1/jobs/{job['id']}", headers=admin).json()
 
 
 def test_same_key_same_body_returns_the_first_job(env: Env, admin: dict[str, str]) -> None:
