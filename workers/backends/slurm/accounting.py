@@ -67,16 +67,24 @@ def parse_sacct(output: str) -> dict[str, list[dict[str, str]]]:
     return records
 
 
+def _squeue_record(line: str) -> dict[str, str] | None:
+    """One `squeue_args` line as a sacct-shaped record (`ExitCode` "0:0": squeue does not know it) plus
+    squeue's `StartTime`; None when it names no job id."""
+    job_id, name, state, nodelist, reason, workdir, count, start = (line.split("|") + [""] * 8)[:8]
+    if not job_id.isdigit():
+        return None
+    return {"JobIDRaw": job_id, "JobName": name, "State": state, "ExitCode": "0:0", "NodeList": nodelist,
+            "Reason": reason, "WorkDir": workdir, "NNodes": count, "StartTime": start}
+
+
 def parse_squeue(output: str) -> dict[str, dict[str, str]]:
-    """`squeue_args` output -> job name -> the newest job of that name, as a sacct-shaped record
-    (`ExitCode` "0:0": squeue does not know it) plus squeue's `StartTime`."""
+    """`squeue_args` output -> job name -> the newest job of that name (`_squeue_record`)."""
     live: dict[str, dict[str, str]] = {}
     for line in output.splitlines():
-        job_id, name, state, nodelist, reason, workdir, count, start = (line.split("|") + [""] * 8)[:8]
-        if job_id.isdigit() and (name not in live or int(job_id) > int(live[name]["JobIDRaw"])):
-            live[name] = {"JobIDRaw": job_id, "JobName": name, "State": state, "ExitCode": "0:0",
-                          "NodeList": nodelist, "Reason": reason, "WorkDir": workdir, "NNodes": count,
-                          "StartTime": start}
+        rec = _squeue_record(line)
+        if rec is not None and (rec["JobName"] not in live
+                                or int(rec["JobIDRaw"]) > int(live[rec["JobName"]]["JobIDRaw"])):
+            live[rec["JobName"]] = rec
     return live
 
 
@@ -84,9 +92,9 @@ def parse_squeue_by_id(output: str) -> dict[str, dict[str, str]]:
     """`squeue_args` output -> job id -> its record (every job of each name, not only the newest)."""
     by_id: dict[str, dict[str, str]] = {}
     for line in output.splitlines():
-        job_id = line.split("|", 1)[0]
-        if job_id.isdigit():
-            by_id.update({r["JobIDRaw"]: r for r in parse_squeue(line).values()})
+        rec = _squeue_record(line)
+        if rec is not None:
+            by_id[rec["JobIDRaw"]] = rec
     return by_id
 
 
@@ -141,8 +149,9 @@ def lags(accounted: Sequence[Record] | None) -> bool:
             or not nodes_complete(accounted[-1]))
 
 
-def belongs(current: Record, job_id: str | None, workdir: str) -> bool:
-    """squeue's record is the job asked about: the same id, or, the id unknown, run in `workdir`."""
+def belongs(current: Record, job_id: str | None, workdir: str | None) -> bool:
+    """squeue's record is the job asked about: the same id, or, the id unknown, run in `workdir`
+    (read only when `job_id` is None; None there matches no record)."""
     return current["JobIDRaw"] == job_id if job_id is not None else current["WorkDir"] == workdir
 
 

@@ -121,7 +121,8 @@ class SlurmBackend:
             job_id = ids[h.name]
             # by id when known: another job of the same name (another service's, on a shared cluster) is newer
             current = live_by_id.get(job_id) if job_id else live.get(h.name)
-            if current is not None and not accounting.belongs(current, job_id, str(self.job_folder(h.name))):
+            workdir = str(self.job_folder(h.name)) if job_id is None else None  # compared only without an id
+            if current is not None and not accounting.belongs(current, job_id, workdir):
                 current = None
             merged = accounting.merge(records.get(job_id or ""), current)
             if merged is None:
