@@ -37,7 +37,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import SecretStr
-from sqlalchemy import func, select
+from sqlalchemy import DateTime, Text, cast, func, select, type_coerce
 from sqlalchemy.orm import Session, aliased, selectinload, sessionmaker
 
 from service.failures import OUT_OF_MEMORY, measured_oom
@@ -444,23 +444,25 @@ class Dispatcher:
             report.transitions += self.apply_many(changed[lo:lo + APPLY_CHUNK])
 
     def _tracked(self) -> list[TrackedRow]:
-        """Every tracked job with its current attempt, in one query."""
+        """Every tracked job with its current attempt, in one query. Read as Core rows: the attempt's
+        `nodes` as JSON text (`TrackedRow.nodes` decodes it when asked), its end and start as whether
+        they are recorded, `created_at` without the UTC conversion (`changes_store` applies `as_utc`)."""
         older, same = aliased(Attempt), aliased(Attempt)
         latest = select(func.max(older.number)).where(older.job_id == Job.id).correlate(Job).scalar_subquery()
         runs = (select(func.count(same.id)).where(same.job_id == Job.id, same.backend_id == Attempt.backend_id)
                 .correlate(Job, Attempt).scalar_subquery())
         with self.sessions.begin() as session:
-            result = session.execute(
+            result = session.connection().execute(
                 select(Job.id, Job.backend, Job.status, Attempt.number, Attempt.backend_name, Attempt.backend_id,
-                       Attempt.id, Attempt.failure, Attempt.finished_at, Attempt.started_at, Attempt.created_at,
-                       Attempt.nodes, runs)
+                       Attempt.id, Attempt.failure, Attempt.finished_at.is_not(None), Attempt.started_at.is_not(None),
+                       type_coerce(Attempt.created_at, DateTime(timezone=True)), cast(Attempt.nodes, Text), runs)
                 .join(Attempt, Attempt.job_id == Job.id)
                 .where(Job.status.in_(TRACKED), Attempt.number == latest)).all()
         return [TrackedRow(job_id=job_id, backend=kind, status=status, number=number,
                            handle=Handle(name=name, backend_id=backend_id), attempt_id=attempt_id, failure=failure,
-                           finished_at=finished_at, started_at=started_at, created_at=created_at, nodes=nodes,
+                           ended=ended, started=started, created_at=created_at, nodes_json=nodes,
                            runs=int(n_runs or 1))
-                for (job_id, kind, status, number, name, backend_id, attempt_id, failure, finished_at, started_at,
+                for (job_id, kind, status, number, name, backend_id, attempt_id, failure, ended, started,
                      created_at, nodes, n_runs) in result]
 
     def apply(self, job_id: int, number: int, obs: Observation) -> int:

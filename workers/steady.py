@@ -12,6 +12,7 @@ write that would not happen cannot leave the store inconsistent, whenever the di
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -26,7 +27,10 @@ from workers.backends.base import Handle, Observation, RunState
 class TrackedRow:
     """A tracked job (PENDING, RUNNING or CANCELLING) and its current attempt, as the cycle read them.
     `runs`: how many of the job's attempts share this attempt's backend id (a backend requeue opens a
-    new attempt under the same id)."""
+    new attempt under the same id). `ended`/`started`: whether the attempt's `finished_at`/`started_at`
+    is recorded. `created_at`: as the database driver returns it (aware on PostgreSQL, naive UTC on
+    SQLite; `as_utc` reads both). `nodes_json`: the attempt's `nodes` column as JSON text, decoded
+    when `nodes` is read (a cycle reads it only for the observations that name nodes)."""
 
     job_id: int
     backend: str
@@ -35,16 +39,21 @@ class TrackedRow:
     handle: Handle
     attempt_id: int
     failure: FailureClass | None
-    finished_at: datetime | None
-    started_at: datetime | None
+    ended: bool
+    started: bool
     created_at: datetime
-    nodes: list[str] | None
+    nodes_json: str | None
     runs: int
+
+    @property
+    def nodes(self) -> list[str] | None:
+        """The attempt's recorded nodes (None when the column is NULL)."""
+        return None if self.nodes_json is None else json.loads(self.nodes_json)
 
     @property
     def marked_preempted(self) -> bool:
         """Told to stop by `Dispatcher.preempt` and not ended yet."""
-        return self.failure == FailureClass.PREEMPTED and self.finished_at is None
+        return self.failure == FailureClass.PREEMPTED and not self.ended
 
 
 def changes_store(row: TrackedRow, obs: Observation, *, now: datetime, missing_grace: timedelta,
@@ -64,7 +73,7 @@ def changes_store(row: TrackedRow, obs: Observation, *, now: datetime, missing_g
     if obs.nodes and obs.nodes != (row.nodes or []):
         return True
     if obs.state == RunState.RUNNING:
-        return row.started_at is None or row.status == JobStatus.PENDING
+        return not row.started or row.status == JobStatus.PENDING
     if obs.state == RunState.PENDING:
         if row.status != JobStatus.PENDING:
             return False
