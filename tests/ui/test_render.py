@@ -3,6 +3,8 @@ and the sign-in redirect that never leaves the dashboard."""
 
 from __future__ import annotations
 
+import html
+import re
 from datetime import UTC, datetime
 
 import pytest
@@ -103,3 +105,24 @@ def test_the_job_page_narrows_its_live_logs_to_one_rank(env: Env) -> None:
     assert f'data-live="/ui/jobs/{job_id}/logs/live?rank=1"' in one.text
     assert '<option value="1" selected>rank 1</option>' in one.text
     assert env.client.get(f"/ui/jobs/{job_id}", params={"rank": "one"}).status_code == 422
+
+
+def test_the_job_pages_live_stream_sends_only_what_came_after_the_page(env: Env) -> None:
+    """Sections re-rendered when the stream starts would replace a form being filled in (the admin's
+    priority field): the stream starts from the page's own newest event and heartbeat."""
+    admin = env.token("admin")
+    job_id = env.client.post("/v1/jobs", json=tiny(name="live"), headers=env.headers(admin)).json()["id"]
+    beat = env.client.post(f"/v1/jobs/{job_id}/measurements", headers=env.headers(admin),
+                           json={"kind": "heartbeat", "data": {"step": 1, "loss": 2.0}})
+    assert beat.status_code == 201, beat.text
+    assert env.client.post(f"/v1/jobs/{job_id}/cancel", headers=env.headers(admin)).status_code == 200
+    env.client.cookies.set(COOKIE, admin, path="/ui")
+    page = env.client.get(f"/ui/jobs/{job_id}").text
+    live = re.search(r'id="job-page" data-live="([^"]+)"', page)
+    assert live is not None
+    url = html.unescape(live.group(1))
+    assert "&beat=" in url and not url.endswith("&beat=0")
+    stream = env.client.get(url).text  # the job has ended: the stream ends once all is sent
+    assert "event: html" not in stream and "event: end" in stream
+    from_nothing = env.client.get(url.split("&beat=")[0]).text  # a page that had seen no heartbeat
+    assert "event: html" in from_nothing and "job-overview" in from_nothing

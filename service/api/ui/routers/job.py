@@ -203,12 +203,15 @@ def _render(name: str, session: UiSession, context: dict[str, Any]) -> str:
 
 @router.get("/ui/jobs/{job_id}/live")
 def job_live(job_id: JobId, request: Request, session: Signed, db: Db,
-             after: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0) -> Response:
+             after: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
+             beat: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0) -> Response:
     """New events appended to the history; the overview, attempts, results and chart re-rendered
-    when an event or a heartbeat came. Ends (`end`) once the job has ended and all is sent."""
+    when an event or a heartbeat came after the page's own (`after`: its newest event, `beat`: its
+    newest heartbeat), so a form being filled in is not replaced by the same section when the stream
+    starts. Ends (`end`) once the job has ended and all is sent."""
     with db.begin() as tx:
         visible_job(tx, session.principal, job_id)  # a 404 page before any stream
-    seen_beat = -1
+    seen_beat = beat
 
     def step(tx: Session, principal: Principal, cursor: int) -> Batch:
         nonlocal seen_beat
