@@ -508,18 +508,23 @@ class Dispatcher:
         deadlock) and read with their attempts in two queries. A crash before the commit leaves all of
         them as they were, and the next cycle observes them again. Should one job's write fail, the
         chunk is rolled back and each job is applied in its own transaction, so one bad row does not hold
-        back the others. Returns the number of jobs whose status changed."""
-        if len(observed) > 1:
+        back the others. An out-of-memory end is applied in a transaction of its own after the others: it
+        may re-plan the job (up to the planner's budget) while its row is locked, and the other rows should
+        not wait for that. Returns the number of jobs whose status changed."""
+        single, changed = len(observed) == 1, 0
+        if not single:
+            together = [item for item in observed if item[2].failure not in OUT_OF_MEMORY]
+            alone = [item for item in observed if item[2].failure in OUT_OF_MEMORY]
             try:
-                return self._apply_in_one_transaction(observed)
+                changed = self._apply_in_one_transaction(together) if together else 0
+                observed = alone
             except Exception:
-                log.exception("applying %d observations together failed; applying them one by one", len(observed))
-        changed = 0
+                log.exception("applying %d observations together failed; applying them one by one", len(together))
         for item in observed:
             try:
                 changed += self._apply_in_one_transaction([item])
             except Exception:
-                if len(observed) == 1:
+                if single:
                     raise
                 log.exception("job %d: applying its observation failed", item[0], extra={"job_id": item[0]})
         return changed

@@ -9,9 +9,13 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from service.failures import FailureClass
 from tests.db_fixtures import Env
 from tests.dispatch.test_dispatcher import drive, make_dispatcher
 from tests.specs import tiny
+from workers.backends.base import Observation, RunState
 
 #: One process (no torchrun): out of memory, as the runtime reports it, while the plan's micro-batch is over 1;
 #: the peak is 5% under the plan's predicted tensor bytes (the model over-predicted) and the limit 10% under them.
@@ -77,3 +81,25 @@ def test_enough_replans_reach_a_layout_that_runs(env: Env, admin: dict[str, str]
     for before, after in pairwise(replanned):
         assert after["old_layout"] == before["new_layout"]  # each attempt ran the layout decided before it
         assert after["predicted_bytes"] == before["new_predicted_bytes"]
+
+
+def test_an_out_of_memory_end_is_applied_in_a_transaction_of_its_own(env: Env, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its re-plan runs the planner while its job's row is locked: the other jobs of the chunk commit
+    first, together, and each out-of-memory end alone (a failing one does not stop the rest)."""
+    dispatcher = make_dispatcher(env, tmp_path)
+    calls: list[list[int]] = []
+
+    def record(observed: list[tuple[int, int, Observation]]) -> int:
+        calls.append([job_id for job_id, _, _ in observed])
+        if observed[0][0] == 3:
+            raise RuntimeError("the store refused job 3")
+        return len(observed)
+
+    monkeypatch.setattr(dispatcher, "_apply_in_one_transaction", record)
+    ended = Observation(state=RunState.SUCCEEDED, exit_code=0)
+    oom = Observation(state=RunState.FAILED, exit_code=1, failure=FailureClass.OOM_GPU)
+    observed = [(1, 1, ended), (2, 1, oom), (3, 1, oom.model_copy(update={"failure": FailureClass.OOM_HOST})),
+                (4, 1, ended), (5, 1, oom)]
+    assert dispatcher.apply_many(observed) == 2 + 1 + 1
+    assert calls == [[1, 4], [2], [3], [5]]
