@@ -15,7 +15,9 @@ HTA). Each figure is printed next to the goal of issue 17 (5x faster than HTA, a
 memory) with the 1-minute load average, since this machine is shared. shardctl also reports its
 tracemalloc peak (Python allocations only) in a second child, since tracemalloc slows
 allocation-heavy code. HTA (HolisticTraceAnalysis) runs when ``--hta-python`` names an interpreter
-that has it (HTA is not a dependency of this project).
+that has it (HTA is not a dependency of this project); make one with::
+
+    python3 -m venv /tmp/hta-venv && /tmp/hta-venv/bin/pip install HolisticTraceAnalysis==0.5.0
 """
 
 from __future__ import annotations
