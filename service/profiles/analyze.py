@@ -7,15 +7,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import numpy.typing as npt
-
 from service.profiles.collectives import Matched, RankCollectives, collect_instances, match_across_ranks
 from service.profiles.diagnosis import diagnose
 from service.profiles.errors import TraceError
 from service.profiles.events import DEFAULT_MAX_EVENTS, RankTrace, load_rank_trace
 from service.profiles.hta_compat import hta_compat_for_rank, local_step_symbols
-from service.profiles.intervals import Union, clip, intersect, measure, union
+from service.profiles.intervals import Spans, Union, clip, intersect, measure, union
 from service.profiles.models import CrossRank, HtaCompat, ProfileSummary, RankSummary, Straggler
 from service.profiles.partition import add_partitions, move_to_idle
 from service.profiles.rank_summary import rank_summary
@@ -68,8 +65,7 @@ class _RankPass:
     collectives: RankCollectives
     step_symbols: set[str]
     hta: dict[bool, HtaCompat]
-    # communication with no compute or memory copy beside it, inside the windows: starts, ends
-    comm_alone: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]
+    comm_alone: Spans  # communication with no compute or memory copy beside it, inside the windows
 
 
 def _analyse_rank(trace: RankTrace, index: int, world: int | None) -> _RankPass:
@@ -87,17 +83,14 @@ def _analyse_rank(trace: RankTrace, index: int, world: int | None) -> _RankPass:
     summary = rank_summary(rank, trace, tl, instances, hta[choices[0]])
     in_windows = tl.comm.within(union((w.start, w.end) for w in tl.windows)).union()
     alone = tl.memory.subtract_from(tl.compute.subtract_from(in_windows))
-    comm_alone = np.array(alone, dtype=np.float64).reshape(-1, 2)
-    return _RankPass(
-        trace.path, trace.rank, summary, tl.windows, RankCollectives.of(instances), symbols, hta,
-        (comm_alone[:, 0].copy(), comm_alone[:, 1].copy()),
-    )
+    return _RankPass(trace.path, trace.rank, summary, tl.windows, RankCollectives.of(instances), symbols, hta,
+                     Spans.of(alone))
 
 
 def _with_peer_wait(p: _RankPass, total_us: float, waiting: Union, step_filter: bool) -> RankSummary:
     """The rank's summary with the time it waited on peers, where nothing else ran, moved from
     communication to idle in every step, and HTA's step decision applied."""
-    alone = intersect(waiting, list(zip(p.comm_alone[0].tolist(), p.comm_alone[1].tolist(), strict=True)))
+    alone = intersect(waiting, p.comm_alone.union())
     steps = []
     moved_total = 0.0
     for step in p.summary.per_step:

@@ -24,6 +24,7 @@ import numpy.typing as npt
 from service.profiles.classify import hta_kernel_type
 from service.profiles.events import RankTrace
 from service.profiles.models import HtaCompat
+from service.profiles.stats import sum_in_order
 
 _SYNC_NAMES = ("Event Sync", "Context Sync")
 
@@ -51,11 +52,6 @@ def _hta_merge(starts: FloatArray, ends: FloatArray) -> tuple[FloatArray, FloatA
     return s[first], np.maximum.reduceat(e, first)
 
 
-def _sum_in_order(values: FloatArray) -> float:
-    """Python's ``sum`` of floats, left to right (numpy's ``sum`` adds pairwise, which rounds differently)."""
-    return float(np.add.accumulate(values)[-1]) if len(values) else 0.0
-
-
 def _overlap_sweep(comm: tuple[FloatArray, FloatArray], comp: tuple[FloatArray, FloatArray]) -> float:
     """HTA's status sweep: total time during which the running status equals 3 (comm + comp)."""
     n_comm, n_comp = 2 * len(comm[0]), 2 * len(comp[0])
@@ -67,7 +63,7 @@ def _overlap_sweep(comm: tuple[FloatArray, FloatArray], comp: tuple[FloatArray, 
     order = np.argsort(times, kind="stable")
     times = times[order]
     both = np.cumsum(steps[order])[:-1] == 3
-    return _sum_in_order(times[1:][both] - times[:-1][both])
+    return sum_in_order(times[1:][both] - times[:-1][both])
 
 
 def local_step_symbols(trace: RankTrace) -> set[str]:
@@ -125,15 +121,15 @@ def hta_compat_for_rank(trace: RankTrace, step_filter: bool) -> HtaCompat:
     # HTA sums starts and ends separately, after shifting time so that the earliest event is at 0,
     # which keeps its sums exact. Summed unshifted (trace timestamps are ~1e12-1e15 us), float sums
     # lose whole microseconds past 2**53; summing each interval's length gives HTA's exact result.
-    run_time = _sum_in_order(merged_ends - merged_starts)
+    run_time = sum_in_order(merged_ends - merged_starts)
     del merged_starts, merged_ends, keep
     idle = kernel_time - run_time
     comp = _hta_merge(starts[comp_rows], ends[comp_rows])
     comm = _hta_merge(starts[comm_rows], ends[comm_rows])
     del starts, ends, comp_rows, comm_rows
-    compute = _sum_in_order(comp[1] - comp[0])
+    compute = sum_in_order(comp[1] - comp[0])
     non_compute = kernel_time - compute - idle
-    comm_total = _sum_in_order(comm[1] - comm[0])
+    comm_total = sum_in_order(comm[1] - comm[0])
     overlap_pct = np_round(100 * (_overlap_sweep(comm, comp) / comm_total), 2) if comm_total else None
 
     def pct(x: float) -> float | None:

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from service.profiles.stats import sum_in_order
+
 Interval = tuple[float, float]
 Union = list[Interval]
 
@@ -94,7 +96,11 @@ def clip(u: Union, start: float, end: float) -> Union:
     """``intersect(u, [(start, end)])``, found by bisection: O(log n + k) for k intervals inside."""
     if end <= start:
         return []
-    out = u[bisect.bisect_right(u, start, key=_end) : bisect.bisect_left(u, end, key=_start)]
+    return _trimmed(u[bisect.bisect_right(u, start, key=_end) : bisect.bisect_left(u, end, key=_start)], start, end)
+
+
+def _trimmed(out: Union, start: float, end: float) -> Union:
+    """The intervals of a union that meet [start, end), their first and last cut to it (in place)."""
     if out:
         if out[0][0] < start:
             out[0] = (start, out[0][1])
@@ -149,7 +155,7 @@ class Spans:
 
     def measure(self) -> float:
         """``measure(self.union())``: the lengths summed left to right."""
-        return 0.0 + float(np.add.accumulate(self.ends - self.starts)[-1]) if len(self) else 0.0
+        return sum_in_order(self.ends - self.starts)
 
     def clip(self, start: float, end: float) -> Union:
         """``clip(self.union(), start, end)``."""
@@ -157,13 +163,7 @@ class Spans:
             return []
         lo = int(np.searchsorted(self.ends, start, side="right"))
         hi = int(np.searchsorted(self.starts, end, side="left"))
-        out = list(zip(self.starts[lo:hi].tolist(), self.ends[lo:hi].tolist(), strict=True))
-        if out:
-            if out[0][0] < start:
-                out[0] = (start, out[0][1])
-            if out[-1][1] > end:
-                out[-1] = (out[-1][0], end)
-        return out
+        return _trimmed(list(zip(self.starts[lo:hi].tolist(), self.ends[lo:hi].tolist(), strict=True)), start, end)
 
     def within(self, u: Union) -> Spans:
         """``intersect(self.union(), u)``: the pieces of each interval of ``u``, in order."""
