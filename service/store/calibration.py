@@ -1,7 +1,7 @@
 """Calibration in the store: samples read incrementally from finished runs' reports, and the fit.
 
-Each succeeded run's `report` measurement becomes one `CalibrationSample` (one per job) (the model's own
-prediction and what was measured, `service.planner.calibration.sample_of`). `refresh` reads only
+Each succeeded job's first plausible `report` measurement becomes one `CalibrationSample` (the model's
+own prediction and what was measured, `service.planner.calibration.sample_of`). `refresh` reads only
 the reports added since its cursor, so its cost follows what is new, not how many jobs the store
 holds; `current` fits from at most `window` newest samples per GPU kind and family, and keeps the
 fit in memory until a new sample arrives. A report committed with a smaller id after the cursor
