@@ -117,7 +117,7 @@ class Calibration(BaseModel):
 
 def _factor(pairs: list[tuple[float, float]]) -> Factor | None:
     """The median-of-log-ratios fit of (predicted, measured) pairs."""
-    pairs = [(p, m) for p, m in pairs if p > 0 and m > 0 and math.isfinite(m / p) and m / p > 0]
+    pairs = [(p, m) for p, m in pairs if p > 0 and m > 0 and 0 < m / p < math.inf]  # m / p may under/overflow
     if not pairs:
         return None
     value = math.exp(statistics.median(math.log(m / p) for p, m in pairs))
@@ -306,12 +306,16 @@ def sample_of(report: ReportedRun, gpu: str, *, step_factor: float = 1.0) -> Sam
                   measured_step_s=step, predicted_peak_bytes=p.peak_allocated, measured_peak_bytes=peak)
 
 
+def _measured(value: float | None) -> float | None:
+    """A measured figure, or None when nothing was measured (absent, or not above 0)."""
+    return value if value is not None and value > 0 else None
+
+
 def _plausible(measured: float | None, predicted: float) -> float | None:
-    """`measured` when it was measured and its ratio to `predicted` is within `PLAUSIBLE_RATIO`."""
-    if measured is None or measured <= 0:
-        return None
+    """`_measured(measured)` when its ratio to `predicted` is within `PLAUSIBLE_RATIO`, else None."""
+    value = _measured(measured)
     low, high = PLAUSIBLE_RATIO
-    return measured if low <= measured / predicted <= high else None
+    return value if value is not None and low <= value / predicted <= high else None
 
 
 class PredictionError(BaseModel):
@@ -346,8 +350,7 @@ def prediction_error(report: ReportedRun, *, calibrated: bool = False,
     if p is None:
         return None
     predicted_peak = p.peak_allocated * memory_factor
-    step = m.step_s if m.step_s is not None and m.step_s > 0 else None
-    peak = m.peak if m.peak is not None and m.peak > 0 else None
+    step, peak = _measured(m.step_s), _measured(m.peak)
     return PredictionError(
         predicted_step_s=p.step_s, measured_step_s=step,
         step_ratio=None if step is None or p.step_s <= 0 else step / p.step_s,

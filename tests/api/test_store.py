@@ -13,7 +13,9 @@ from service.store.jobs import NewJob
 from service.store.models import Event, Job
 from service.store.states import ALLOWED, TERMINAL, IllegalTransition, JobStatus, transition
 from service.store.submissions import insert_jobs
-from service.store.tokens import ensure_team
+from service.store.tokens import Principal, ensure_team
+from service.store.visibility import can_see, visible_to
+from service.store.vocab import Role
 from tests.specs import tiny
 
 
@@ -120,3 +122,14 @@ def test_migration_0002_backfills_the_list_columns_from_existing_plans(db_url: s
         layout, step = conn.execute(sa.text("SELECT layout, predicted_step_s FROM jobs")).one()
     engine.dispose()
     assert layout == PLAN.layout.short() and step == 1.25  # the line rows written since get
+
+
+def test_a_role_the_visibility_rule_does_not_know_sees_no_job(sessions) -> None:
+    job_id = _job(sessions)
+    with sessions.begin() as session:
+        job = session.get(Job, job_id)
+        stranger = Principal(token_id="t", role="robot")  # type: ignore[arg-type]
+        admin = Principal(token_id="a", role=Role.ADMIN)
+        assert not can_see(stranger, job)
+        assert session.scalars(visible_to(select(Job.id), stranger)).all() == []
+        assert session.scalars(visible_to(select(Job.id), admin)).all() == [job.id]
