@@ -4,7 +4,10 @@ Creates a fresh database (`shardctl_bench_<random>`, dropped at the end), migrat
 `--jobs` realistic jobs (spec and plan of a real `plan()`, spread over teams, statuses and backends,
 one `job.queued` event each), mints an admin and a member token, starts the API as a separate
 process (`uvicorn --factory service.api.app:create_app`) and drives it from this process with
-`--concurrency` asyncio tasks sharing an httpx client, only against 127.0.0.1. It measures:
+`--concurrency` asyncio tasks sharing one client, only against 127.0.0.1: by default the lean client
+of `http_clients` (prebuilt requests on keep-alive sockets, uvloop), so that the load generator takes
+little of the CPUs it shares with the server; `--client httpx` drives it with httpx as tooling would.
+It measures:
 
 1. submissions/s of `POST /v1/jobs` (member token, the `llama-tiny` preset on `gpu: cpu`), and jobs/s
    through `POST /v1/jobs:batch` (`BATCH_SIZE` specs a request);
@@ -33,6 +36,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import json
 import os
 import random
 import secrets
@@ -51,6 +56,8 @@ from typing import Any
 
 import httpx
 import psycopg
+from http_clients import CLIENTS, Client
+from http_clients import run as run_loop
 from scratch_db import scratch_database
 from sqlalchemy import JSON, column, create_engine, insert, select, table, text
 from sqlalchemy.engine import make_url
@@ -277,7 +284,7 @@ def api_server(url: str, workers: int, workdir: Path) -> Iterator[Server]:
 # ---------------------------------------------------------------- load
 
 
-Request = Callable[[httpx.AsyncClient, int], Awaitable[tuple[float, int]]]
+Request = Callable[[Client, int], Awaitable[tuple[float, int]]]
 """Performs request number i; returns (seconds, HTTP status)."""
 
 
@@ -319,46 +326,48 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[int(rank) - 1]
 
 
-async def timed(client: httpx.AsyncClient, method: str, path: str,
-                **kw: Any) -> tuple[float, int, httpx.Response]:
+async def timed(client: Client, method: str, path: str, **kw: Any) -> tuple[float, int, bytes]:
     start = time.perf_counter()
-    response = await client.request(method, path, **kw)
-    return time.perf_counter() - start, response.status_code, response
+    status, body = await client.request(method, path, **kw)
+    return time.perf_counter() - start, status, body
 
 
 def run_phase(label: str, server: Server, token: str, request: Request, count: int, concurrency: int,
-              max_seconds: float, ok_status: int = 200, sessions: SessionCounter | None = None) -> Phase:
-    """`count` requests from `concurrency` asyncio tasks sharing one keep-alive client (a closed loop:
-    each task sends its next request when the previous one is answered), for at most `max_seconds`.
-    Records the latencies of the requests answered with `ok_status` and counts the others."""
+              max_seconds: float, ok_status: int = 200, sessions: SessionCounter | None = None,
+              client_kind: str = "lean") -> Phase:
+    """`count` requests from `concurrency` asyncio tasks sharing one keep-alive client of `client_kind`
+    (`http_clients.CLIENTS`; a closed loop: each task sends its next request when the previous one is
+    answered), for at most `max_seconds`. Records the latencies of the requests answered with
+    `ok_status` and counts the others."""
     phase = Phase(label, concurrency)
 
     async def drive() -> None:
         next_i = 0
         deadline = time.monotonic() + max_seconds
-        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
-        async def worker(client: httpx.AsyncClient) -> None:
+        async def worker(client: Client) -> None:
             nonlocal next_i
             while time.monotonic() < deadline and next_i < count:
                 i, next_i = next_i, next_i + 1
                 try:
                     seconds, status = await request(client, i)
-                except httpx.HTTPError:
+                except (httpx.HTTPError, ConnectionError):
                     seconds, status = 0.0, -1
                 if status == ok_status:
                     phase.latencies.append(seconds)
                 else:
                     phase.errors[status] = phase.errors.get(status, 0) + 1
 
-        async with httpx.AsyncClient(base_url=server.base, headers={"Authorization": f"Bearer {token}"},
-                                     timeout=30, limits=limits) as client:
+        client = CLIENTS[client_kind](server.base, token, concurrency)
+        try:
             await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+        finally:
+            await client.aclose()
 
     sessions0 = sessions.read() if sessions else 0
     cpu0, server0, machine0 = time.process_time(), server.cpu_seconds(), machine_cpu_seconds()
     start = time.perf_counter()
-    asyncio.run(drive())
+    run_loop(drive(), client_kind)
     phase.wall_s = time.perf_counter() - start
     phase.client_cpu_s = time.process_time() - cpu0
     phase.server_cpu_s = server.cpu_seconds() - server0
@@ -368,31 +377,31 @@ def run_phase(label: str, server: Server, token: str, request: Request, count: i
     return phase
 
 
-async def healthz_request(client: httpx.AsyncClient, i: int) -> tuple[float, int]:
+async def healthz_request(client: Client, i: int) -> tuple[float, int]:
     """The framework's floor: a sync handler that touches no database (and checks no token)."""
     seconds, status, _ = await timed(client, "GET", "/healthz")
     return seconds, status
 
 
 def submit_request(run_id: str) -> Request:
-    async def do(client: httpx.AsyncClient, i: int) -> tuple[float, int]:
+    async def do(client: Client, i: int) -> tuple[float, int]:
         body = {**TINY, "name": f"bench-{run_id}-{i}"}
-        seconds, status, _ = await timed(client, "POST", "/v1/jobs", json=body)
+        seconds, status, _ = await timed(client, "POST", "/v1/jobs", json_body=body)
         return seconds, status
     return do
 
 
 def batch_request(run_id: str) -> Request:
     """`BATCH_SIZE` specs per request; the phase's rate counts requests (x BATCH_SIZE for jobs/s)."""
-    async def do(client: httpx.AsyncClient, i: int) -> tuple[float, int]:
+    async def do(client: Client, i: int) -> tuple[float, int]:
         body = {"specs": [{**TINY, "name": f"batch-{run_id}-{i}-{k}"} for k in range(BATCH_SIZE)]}
-        seconds, status, _ = await timed(client, "POST", "/v1/jobs:batch", json=body)
+        seconds, status, _ = await timed(client, "POST", "/v1/jobs:batch", json_body=body)
         return seconds, status
     return do
 
 
 def get_request(n_jobs: int, seed_: int) -> Request:
-    async def do(client: httpx.AsyncClient, i: int) -> tuple[float, int]:
+    async def do(client: Client, i: int) -> tuple[float, int]:
         job_id = random.Random(seed_ * 1_000_003 + i).randint(1, n_jobs)
         seconds, status, _ = await timed(client, "GET", f"/v1/jobs/{job_id}")
         return seconds, status
@@ -409,12 +418,12 @@ def list_requests(seed_: int) -> tuple[Request, Request]:
         team = random.Random(seed_ * 1_000_003 + i).choice(TEAMS)
         return {"status": "QUEUED", "team": team, "limit": 50}
 
-    async def first(client: httpx.AsyncClient, i: int) -> tuple[float, int]:
-        seconds, status, response = await timed(client, "GET", "/v1/jobs", params=params(i))
-        cursors[i] = response.json().get("next_cursor") if status == 200 else None
+    async def first(client: Client, i: int) -> tuple[float, int]:
+        seconds, status, body = await timed(client, "GET", "/v1/jobs", params=params(i))
+        cursors[i] = json.loads(body).get("next_cursor") if status == 200 else None
         return seconds, status
 
-    async def second(client: httpx.AsyncClient, i: int) -> tuple[float, int]:
+    async def second(client: Client, i: int) -> tuple[float, int]:
         cursor = cursors.get(i)
         if cursor is None:
             return 0.0, 204
@@ -460,11 +469,11 @@ def raw_sql(url: str, n_jobs: int, reads: int, seed_: int) -> tuple[Phase, Phase
 
 
 def print_report(seeded: Seeded, phases: dict[str, Phase], raw: tuple[Phase, Phase], workers: int,
-                 busy: tuple[float, float]) -> None:
+                 busy: tuple[float, float], client_kind: str) -> None:
     sub = phases["submit"]
     print(f"\nshardctl API load — {seeded.jobs} jobs seeded in {seeded.seconds:.1f} s "
           f"(database {seeded.db_bytes / 2**20:.0f} MiB), API server: uvicorn, {workers} worker(s), "
-          f"{os.cpu_count()} CPU(s), load generator: this process (httpx, asyncio)")
+          f"{os.cpu_count()} CPU(s), load generator: this process ({client_kind} client)")
     print(f"background load (CPUs busy with other work, 1 s idle sample): {busy[0]:.2f} before, "
           f"{busy[1]:.2f} after" + ("  <- the figures are pessimistic" if max(busy) > 0.25 else "") + "\n")
     rows: list[tuple[str, float, float | None, bool]] = []  # label, figure, goal, higher is better
@@ -533,6 +542,8 @@ def main() -> None:
                         help="API server processes (uvicorn --workers, as `shardctl serve --workers`)")
     parser.add_argument("--batches", type=int, default=20, help=f"POST /v1/jobs:batch requests of {BATCH_SIZE}")
     parser.add_argument("--max-seconds", type=float, default=90.0, help="time limit of each phase")
+    parser.add_argument("--client", choices=sorted(CLIENTS), default="lean",
+                        help="the load generator's HTTP client (see http_clients)")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     if args.jobs < 1 or args.concurrency < 1:
@@ -551,17 +562,18 @@ def main() -> None:
         try:
             with api_server(url, args.server_workers, Path(tmp)) as server:
                 c, limit = args.concurrency, args.max_seconds
+                measure = functools.partial(run_phase, client_kind=args.client)
                 admin, member = seeded.admin_token, seeded.member_token
                 first, second = list_requests(args.seed)
                 # Warm-up: connection pools, imports, PostgreSQL caches.
-                run_phase("warm-up", server, admin, get_request(args.jobs, args.seed + 7), 200, c, limit)
-                run_phase("warm-up", server, admin, first, 100, c, limit)
+                measure("warm-up", server, admin, get_request(args.jobs, args.seed + 7), 200, c, limit)
+                measure("warm-up", server, admin, first, 100, c, limit)
                 phases: dict[str, Phase] = {}
                 print("submitting ...", flush=True)
-                phases["submit"] = run_phase("POST /v1/jobs", server, member, submit_request(run_id),
-                                             args.submissions, c, limit, ok_status=201, sessions=sessions)
-                phases["batch"] = run_phase("POST /v1/jobs:batch", server, member, batch_request(run_id),
-                                            args.batches, min(c, 4), limit, ok_status=201, sessions=sessions)
+                phases["submit"] = measure("POST /v1/jobs", server, member, submit_request(run_id),
+                                           args.submissions, c, limit, ok_status=201, sessions=sessions)
+                phases["batch"] = measure("POST /v1/jobs:batch", server, member, batch_request(run_id),
+                                          args.batches, min(c, 4), limit, ok_status=201, sessions=sessions)
                 print("reading ...", flush=True)
                 for c_key, conc in (("1", 1), ("n", c)):
                     for key, label, request in (
@@ -569,13 +581,13 @@ def main() -> None:
                             ("get", "GET /v1/jobs/{id}", get_request(args.jobs, args.seed)),
                             ("list1", "GET /v1/jobs list p1", first),
                             ("list2", "GET /v1/jobs list p2", second)):
-                        phases[f"{key}-{c_key}"] = run_phase(label, server, admin, request, args.reads, conc,
-                                                             limit, sessions=sessions)
+                        phases[f"{key}-{c_key}"] = measure(label, server, admin, request, args.reads, conc,
+                                                           limit, sessions=sessions)
         finally:
             sessions.close()
         raw = raw_sql(url, args.jobs, args.reads, args.seed)
         busy_after = background_load()
-        print_report(seeded, phases, raw, args.server_workers, (busy_before, busy_after))
+        print_report(seeded, phases, raw, args.server_workers, (busy_before, busy_after), args.client)
     print(f"\ntotal {time.perf_counter() - started:.0f} s; database dropped")
 
 
