@@ -41,6 +41,7 @@ from service.api.deps import (
     require_admin,
     require_person,
     require_reporter,
+    token_principal,
 )
 from service.api.errors import ApiError, RouteEntry, routes_of
 from service.api.logs_source import LogReader
@@ -57,8 +58,8 @@ from service.planner.result import Plan
 from service.settings import Settings
 from service.spec import TrainingSpec
 from service.store.calibration import CalibrationSource
-from service.store.db import make_engine, make_sessionmaker, one_statement
-from service.store.tokens import Principal, authenticate
+from service.store.db import make_engine, make_sessionmaker
+from service.store.tokens import Principal
 
 LaunchPreview = Callable[[TrainingSpec, Plan], dict[str, Any] | None]
 BodyKind = Literal["json", "form"] | None
@@ -190,8 +191,7 @@ class RequestGate:
                                   str(scope.get("method", "GET")))
 
     def _authenticate(self, secret: str) -> Principal | None:
-        with one_statement(self.api.state.engine) as conn:  # one read: no ORM session, no transaction
-            return authenticate(conn, secret, job_token_grace_s=self.api.state.settings.job_token_grace_s)
+        return token_principal(self.api.state.engine, secret, self.api.state.settings)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -12,12 +12,14 @@ from typing import Annotated, Any
 import anyio.to_thread
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.api.errors import ApiError
 from service.api.forwarded import TEAM_HEADER, ForwardedRefused, forwarded_principal, is_shardctl_token, read_forwarded
 from service.settings import Settings
 from service.spec import field_path
+from service.store.db import one_statement
 from service.store.tokens import Principal, authenticate
 
 bearer = HTTPBearer(auto_error=False, description="A shardctl token: shc_<id>_<secret>.")
@@ -92,6 +94,13 @@ async def get_principal(request: Request,
     return await anyio.to_thread.run_sync(_principal, request, request.app.state.sessions, credentials)
 
 
+def token_principal(engine: Engine, secret: str, settings: Settings) -> Principal | None:
+    """The principal behind a bearer secret, or None (`authenticate`). One read on a Core connection
+    outside a transaction (`one_statement`): no ORM session, no BEGIN and COMMIT around it."""
+    with one_statement(engine) as conn:
+        return authenticate(conn, secret, job_token_grace_s=settings.job_token_grace_s)
+
+
 def _principal(request: Request, db: sessionmaker[Session], credentials: HTTPAuthorizationCredentials | None
                ) -> Principal:
     settings: Settings = request.app.state.settings
@@ -104,9 +113,7 @@ def _principal(request: Request, db: sessionmaker[Session], credentials: HTTPAut
             return forwarded
     if credentials is None:
         raise ApiError(401, "unauthorized", MISSING_TOKEN, headers=UNAUTHORIZED_HEADERS)
-    with db.begin() as session:
-        principal = authenticate(session, credentials.credentials,
-                                 job_token_grace_s=request.app.state.settings.job_token_grace_s)
+    principal = token_principal(request.app.state.engine, credentials.credentials, settings)
     if principal is None:
         raise ApiError(401, "unauthorized", BAD_TOKEN, headers=UNAUTHORIZED_HEADERS)
     request.scope[PRINCIPAL_SCOPE_KEY] = principal  # for the access log (`service.api.access_log`)

@@ -321,18 +321,17 @@ def test_a_trace_upload_has_a_total_cap_per_request(env: Env, live: str) -> None
 
 def test_the_token_is_looked_up_once_per_request(env: Env, admin: dict[str, str],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """The gate keeps the principal it found for the route: checking before the body costs no extra query."""
-    from service.api import app as app_module
+    """The gate keeps the principal it found for the route: checking before the body costs no extra query.
+    The gate and the route's dependency both look tokens up through `deps.token_principal`."""
     from service.api import deps
 
     calls: list[str] = []
-    real = app_module.authenticate
+    real = deps.authenticate
 
     def counted(session: Any, secret: str, **kw: Any) -> Any:
         calls.append(secret)
         return real(session, secret, **kw)
 
-    monkeypatch.setattr(app_module, "authenticate", counted)
     monkeypatch.setattr(deps, "authenticate", counted)
     assert env.client.post("/v1/teams", json={"name": "alpha"}, headers=admin).status_code == 201
     assert len(calls) == 1
