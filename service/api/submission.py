@@ -18,13 +18,12 @@ from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from pydantic import BaseModel
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.api.errors import INVALID_SPEC, ApiError
 from service.api.schemas import ErrorField, JobOut, JobSummary
-from service.api.views import job_out, job_summary, redacted_spec
+from service.api.views import encoded, job_out, job_summary, redacted_spec
 from service.planner import Deadline, InvalidSpec, Plan, SearchBudgetExceeded, plan
 from service.planner.calibration import Calibration
 from service.planner.runnable import runtime_gaps
@@ -226,17 +225,6 @@ class Submitted:
     created: bool
     body: bytes
     team: str
-
-
-def encoded(model: BaseModel) -> bytes:
-    """`model` as JSON by pydantic's serializer (no intermediate dict). Raises `ApiError` 422 for a
-    value no response can carry (a lone surrogate), so that the transaction writing it rolls back
-    instead of committing a row every later read of the job fails on."""
-    try:
-        return model.__pydantic_serializer__.to_json(model)
-    except (ValueError, RecursionError) as exc:  # pydantic's serialisation errors are ValueErrors
-        raise ApiError(422, "validation_error", "the request holds a value that cannot be stored and read back"
-                       f" ({type(exc).__name__}); send finite numbers and valid Unicode") from exc
 
 
 def new_job_out(job: Job) -> JobOut:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
+from service.api.errors import ApiError
 from service.api.schemas import AttemptOut, EventOut, JobOut, JobSummary, MeasurementOut, TeamOut, TokenOut
 from service.jobenv import MeasurementKind
 from service.redaction import REDACTED
 from service.spec import TrainingSpec
 from service.store.calibration import job_prediction_error
-from service.store.jobs import latest_measurements
+from service.store.jobs import JobDetail, latest_measurements
 from service.store.models import ApiToken, Event, Job, Team
 
 
@@ -25,25 +29,44 @@ def redacted_spec(spec: TrainingSpec) -> TrainingSpec:
     return spec.model_copy(update={"entrypoint": entry.model_copy(update={"env": shown})})
 
 
-def job_summary(job: Job) -> JobSummary:
-    """From columns only: the spec and plan documents stay unloaded in list views."""
+def encoded(model: BaseModel) -> bytes:
+    """`model` as JSON by pydantic's serializer (no intermediate dict). Raises `ApiError` 422 for a
+    value no response can carry (a lone surrogate), so that the transaction writing it rolls back
+    instead of committing a row every later read of the job fails on."""
+    try:
+        return model.__pydantic_serializer__.to_json(model)
+    except (ValueError, RecursionError) as exc:  # pydantic's serialisation errors are ValueErrors
+        raise ApiError(422, "validation_error", "the request holds a value that cannot be stored and read back"
+                       f" ({type(exc).__name__}); send finite numbers and valid Unicode") from exc
+
+
+def job_summary(job: Job | Any, team: str | None = None) -> JobSummary:
+    """From columns only: the spec and plan documents stay unloaded in list views. `job` is an ORM
+    `Job` (its team loaded), or a Core row of the `jobs` columns with `team` given."""
     return JobSummary(
-        id=job.id, name=job.name, team=job.team.name, status=job.status, backend=job.backend,
-        priority=job.priority, created_at=job.created_at, updated_at=job.updated_at, finished_at=job.finished_at,
-        layout=job.layout, predicted_step_s=job.predicted_step_s)
+        id=job.id, name=job.name, team=job.team.name if team is None else team, status=job.status,
+        backend=job.backend, priority=job.priority, created_at=job.created_at, updated_at=job.updated_at,
+        finished_at=job.finished_at, layout=job.layout, predicted_step_s=job.predicted_step_s)
 
 
 def job_out(session: Session, job: Job) -> JobOut:
-    summary = job_summary(job)
-    measured = latest_measurements(session, job)
-    report = measured.get(MeasurementKind.REPORT)
+    """From a loaded `Job`: its attempts (loaded now unless they were) and newest measurements."""
+    return detail_out(JobDetail(job, job.attempts, list(latest_measurements(session, job).values())))
+
+
+def detail_out(detail: JobDetail) -> JobOut:
+    """The job as `GET /v1/jobs/{id}` shows it. `detail` holds ORM objects or Core rows: each has the
+    columns' names as attributes (a Core job row also has `team_name`)."""
+    job = detail.job
+    summary = job_summary(job, job.team.name if isinstance(job, Job) else job.team_name)
+    report = next((m for m in detail.measured if m.kind == MeasurementKind.REPORT), None)
     return JobOut(
         **summary.model_dump(), spec=redacted_spec(job.spec), plan=job.plan,
         attempts=[AttemptOut(number=a.number, backend_name=a.backend_name, backend_id=a.backend_id, nodes=a.nodes,
                              status=a.status, exit_code=a.exit_code, exit_reason=a.exit_reason,
                              created_at=a.created_at, finished_at=a.finished_at, failure=a.failure,
-                             log_tail=a.log_tail) for a in job.attempts],
-        measurements={kind: MeasurementOut(kind=m.kind, at=m.at, data=m.data) for kind, m in measured.items()},
+                             log_tail=a.log_tail) for a in detail.attempts],
+        measurements={m.kind: MeasurementOut(kind=m.kind, at=m.at, data=m.data) for m in detail.measured},
         prediction_error=job_prediction_error(job.plan, report.data if report is not None else None),
     )
 

@@ -145,10 +145,10 @@ def sort_column(field: SortField) -> InstrumentedAttribute[Any] | None:
     return columns.get(field)
 
 
-def cursor_after(sort: JobSort, job: Job) -> JobCursor:
-    """The cursor of the page that ends with `job`."""
+def cursor_after(sort: JobSort, job: Job | Any, team: str) -> JobCursor:
+    """The cursor of the page that ends with `job` (an ORM `Job` or a row of its columns) of `team`."""
     values: dict[SortField, CursorValue] = {
-        SortField.SUBMITTED: None, SortField.STATUS: job.status.value, SortField.TEAM: job.team.name,
+        SortField.SUBMITTED: None, SortField.STATUS: job.status.value, SortField.TEAM: team,
         SortField.GPUS: job.gpus, SortField.NAME: job.name, SortField.FINISHED: job.finished_at}
     return JobCursor(sort, values[sort.field], job.id)
 

@@ -21,7 +21,7 @@ from service.planner.result import Plan
 from service.spec import TrainingSpec
 from service.store.event_feed import committed_horizon
 from service.store.job_sort import DEFAULT_SORT, JobCursor, JobSort, SortField, cursor_after, segments
-from service.store.models import Event, IdempotencyKey, Job, Measurement, Team
+from service.store.models import Attempt, Event, IdempotencyKey, Job, Measurement, Team
 from service.store.queue_view import invalidate as invalidate_queue_view
 from service.store.states import TERMINAL, add_event, transition
 from service.store.tokens import Conflict, NotFound, Principal
@@ -77,6 +77,42 @@ def visible_job(session: Session, principal: Principal, job_id: int, *, for_upda
     return job
 
 
+def _detail_statements() -> tuple[Select[Any], Select[Any], Select[Any]]:
+    jobs, teams, attempts, measured = Job.__table__, Team.__table__, Attempt.__table__, Measurement.__table__
+    job = (select(*jobs.c, teams.c.name.label("team_name")).join(teams, teams.c.id == jobs.c.team_id)
+           .where(jobs.c.id == bindparam("job_id")))
+    tries = select(*attempts.c).where(attempts.c.job_id == bindparam("job_id")).order_by(attempts.c.number)
+    newest = (select(func.max(measured.c.id)).where(measured.c.job_id == bindparam("job_id"))
+              .group_by(measured.c.kind))
+    return job, tries, select(measured.c.kind, measured.c.at, measured.c.data).where(measured.c.id.in_(newest))
+
+
+#: Built once: `job_detail` is what `GET /v1/jobs/{id}` runs.
+_DETAIL_JOB, _DETAIL_ATTEMPTS, _DETAIL_MEASURED = _detail_statements()
+
+
+@dataclass(frozen=True, slots=True)
+class JobDetail:
+    """A job as Core rows: `job` has every column of `jobs` (spec and plan decoded) and `team_name`;
+    `attempts` in order of number; `measured` the newest measurement of each kind (kind, at, data)."""
+
+    job: Any
+    attempts: Sequence[Any]
+    measured: Sequence[Any]
+
+
+def job_detail(conn: Connection, principal: Principal, job_id: int) -> JobDetail:
+    """The job with its attempts and newest measurements if `principal` may see it (`can_see`), else
+    `NotFound`. Three reads on a Core connection, each its own statement, with no ORM objects: run it
+    in `one_statement` (autocommit on PostgreSQL), where each read sees what had committed when it
+    started, as each statement of a READ COMMITTED transaction would."""
+    job = conn.execute(_DETAIL_JOB, {"job_id": job_id}).first()
+    if job is None or not can_see(principal, job):
+        raise NotFound(f"no job {job_id}")
+    return JobDetail(job, conn.execute(_DETAIL_ATTEMPTS, {"job_id": job_id}).all(),
+                     conn.execute(_DETAIL_MEASURED, {"job_id": job_id}).all())
+
+
 @dataclass(frozen=True, slots=True)
 class JobFilter:
     """`gpu` is the GPU kind (`cpu` too); `created_after`/`created_before` bound the submission time."""
@@ -117,18 +153,43 @@ def list_jobs(session: Session, principal: Principal, filters: JobFilter, *, lim
     default), after `cursor`; and the cursor of the next page (None at the end). Keyset paging (see
     `service.store.job_sort`): every matching row comes exactly once across the pages. `cursor`
     must be of the same sort (`JobCursor.decode` checks that)."""
+    return _page(session, select(Job), principal, filters, limit, cursor, sort, objects=True)
+
+
+#: What a list shows of a job (`JobSummary`), with its team's name as `team_name`, and `gpus` for the sort.
+_SUMMARY_COLUMNS = (select(Job.id, Job.name, Job.team_id, Job.status, Job.backend, Job.priority, Job.created_at,
+                           Job.updated_at, Job.finished_at, Job.layout, Job.predicted_step_s, Job.gpus,
+                           Team.name.label("team_name"))
+                    .join(Team, Team.id == Job.team_id))
+
+
+def list_job_rows(session: Session, principal: Principal, filters: JobFilter, *, limit: int = 50,
+                  cursor: JobCursor | None = None, sort: JobSort = DEFAULT_SORT) -> tuple[list[Any], JobCursor | None]:
+    """`list_jobs`' page as rows of the list's columns (`team_name` among them), without building an
+    ORM object per job: what `GET /v1/jobs` answers with."""
+    return _page(session, _SUMMARY_COLUMNS, principal, filters, limit, cursor, sort, objects=False)
+
+
+def _page(session: Session, base: Select[*Row], principal: Principal, filters: JobFilter, limit: int,
+          cursor: JobCursor | None, sort: JobSort, *, objects: bool) -> tuple[list[Any], JobCursor | None]:
+    """`list_jobs` over `base`: `select(Job)` with `objects` (ORM objects), else a select of columns
+    with `team_name` (rows)."""
     limit = max(1, min(limit, MAX_PAGE))
-    stmt = _filtered(select(Job), principal, filters)
+    stmt = _filtered(base, principal, filters)
     teams = None
     if sort.field is SortField.TEAM and principal.role == Role.ADMIN and not filters.team:
         teams = _teams_from(session, sort, cursor)
-    rows: list[Job] = []
+    rows: list[Any] = []
     for where, order in segments(sort, cursor, teams=teams):
         if len(rows) > limit:
             break
-        rows += session.scalars(stmt.where(*where).order_by(*order).limit(limit + 1 - len(rows)))
-    next_cursor = cursor_after(sort, rows[limit - 1]) if len(rows) > limit else None
-    return rows[:limit], next_cursor
+        page = stmt.where(*where).order_by(*order).limit(limit + 1 - len(rows))
+        # Columns run on the session's Core connection: the ORM's result machinery adds nothing to rows.
+        rows += session.scalars(page) if objects else session.connection().execute(page).all()
+    if len(rows) <= limit:
+        return rows, None
+    last = rows[limit - 1]
+    return rows[:limit], cursor_after(sort, last, last.team.name if objects else last.team_name)
 
 
 def _teams_from(session: Session, sort: JobSort, cursor: JobCursor | None) -> list[tuple[int, str]]:

@@ -4,7 +4,7 @@ a member their team's jobs, a job token its own job. Another's job is "not found
 
 from __future__ import annotations
 
-from typing import TypeVarTuple
+from typing import Protocol, TypeVarTuple
 
 from sqlalchemy import Select, false
 
@@ -15,8 +15,13 @@ from service.store.vocab import Role
 Row = TypeVarTuple("Row")
 
 
-def can_see(principal: Principal, job: Job) -> bool:
-    """The rule for one loaded job."""
+class JobKeys(Protocol):
+    id: int
+    team_id: int
+
+
+def can_see(principal: Principal, job: JobKeys) -> bool:
+    """The rule for one loaded job (an ORM `Job`, or a Core row with its `id` and `team_id`)."""
     if principal.role == Role.ADMIN:
         return True
     if principal.role == Role.MEMBER:

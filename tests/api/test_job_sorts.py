@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from service.store.job_sort import DEFAULT_SORT, SORT_TEXTS, JobSort
-from service.store.jobs import JobFilter, list_jobs
+from service.store.jobs import JobFilter, list_job_rows, list_jobs
 from service.store.models import Job
 from service.store.tokens import Principal, ensure_team
 from service.store.vocab import JobStatus, Role
@@ -113,6 +113,29 @@ def test_the_store_function_takes_the_same_sorts(env: Env, jobs: list[dict[str, 
         assert [j.id for j in rest] == expected(jobs, "-gpus")[4:] and end is None
         newest, _ = list_jobs(session, admin, JobFilter(), limit=50)
         assert [j.id for j in newest] == expected(jobs, DEFAULT_SORT.text)
+
+
+@pytest.mark.parametrize("who", ["admin", "member"])
+def test_the_api_lists_rows_as_the_dashboard_lists_jobs(env: Env, jobs: list[dict[str, Any]], who: str) -> None:
+    """`GET /v1/jobs` reads rows of the list's columns (`list_job_rows`), the dashboard ORM objects
+    (`list_jobs`): for every sort, the same jobs, teams and cursors, page after page."""
+    with env.app.state.sessions.begin() as session:
+        team = ensure_team(session, "nlp")
+        principal = Principal(token_id="t", role=Role.ADMIN) if who == "admin" else \
+            Principal(token_id="t", role=Role.MEMBER, team_id=team.id, team_name="nlp")
+        for sort in SORT_TEXTS:
+            order, cursor, seen = JobSort.parse(sort), None, 0
+            while True:
+                objects, after = list_jobs(session, principal, JobFilter(), limit=3, sort=order, cursor=cursor)
+                rows, row_after = list_job_rows(session, principal, JobFilter(), limit=3, sort=order, cursor=cursor)
+                assert [(j.id, j.team.name, j.gpus) for j in objects] == \
+                    [(r.id, r.team_name, r.gpus) for r in rows], sort
+                assert after == row_after, sort
+                seen += len(rows)
+                if after is None:
+                    break
+                cursor = after
+            assert seen == sum(1 for r in jobs if who == "admin" or r["team"] == "nlp"), sort
 
 
 def test_a_bad_sort_or_a_cursor_of_another_sort_is_a_422(env: Env, admin: dict[str, str],

@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import json
 
-from service.store.models import Job
+import pytest
+
+from service.api.views import job_out
+from service.failures import FailureClass
+from service.planner import Plan
+from service.store.jobs import visible_job
+from service.store.models import Attempt, Job, Measurement
 from service.store.states import JobStatus, transition
+from service.store.tokens import Principal
+from service.store.vocab import AttemptStatus, MeasurementKind, Role
+from tests.api.test_calibration_api import report
 from tests.db_fixtures import Env
 from tests.specs import tiny
 
@@ -200,3 +209,36 @@ def test_a_plan_the_built_in_trainer_cannot_run_is_refused_before_it_is_queued(e
     own = submit(env, admin, {**spec, "entrypoint": {"command": ["python", "train.py"]}})
     assert own.status_code == 201, own.text
     assert own.json()["plan"]["layout"]["offload"] != "none"
+
+
+def test_a_job_read_shows_its_attempts_in_order_and_the_newest_measurement_of_each_kind(
+        env: Env, admin: dict[str, str]) -> None:
+    """`GET /v1/jobs/{id}` reads Core rows (`job_detail`); the dashboard's job page reads the same job
+    through the ORM (`job_out`). Both show the same: attempts by number, the newest measurement of each
+    kind, the prediction error of the newest report; and another team's member gets a 404."""
+    env.client.post("/v1/teams", json={"name": "alpha"}, headers=admin)
+    submitted = submit(env, admin, tiny(team="alpha")).json()
+    job_id, planned = submitted["id"], Plan.model_validate(submitted["plan"])
+    with env.app.state.sessions.begin() as session:
+        session.add_all([
+            Attempt(job_id=job_id, number=2, backend_name="local", backend_id="b", nodes=["n2"],
+                    status=AttemptStatus.RUNNING),
+            Attempt(job_id=job_id, number=1, backend_name="local", backend_id="a", nodes=["n1"],
+                    status=AttemptStatus.FAILED, exit_code=3, exit_reason="exit 3", failure=FailureClass.PROGRAM_ERROR,
+                    log_tail="Traceback"),
+            Measurement(job_id=job_id, kind=MeasurementKind.HEARTBEAT, data={"step": 1}),
+            Measurement(job_id=job_id, kind=MeasurementKind.REPORT, data=report(planned, step=3.0, memory=1.0)),
+            Measurement(job_id=job_id, kind=MeasurementKind.HEARTBEAT, data={"step": 2}),
+        ])
+    read = env.client.get(f"/v1/jobs/{job_id}", headers=admin)
+    assert read.status_code == 200 and read.headers["content-type"] == "application/json"
+    job = read.json()
+    assert [(a["number"], a["backend_id"], a["nodes"]) for a in job["attempts"]] == [(1, "a", ["n1"]), (2, "b", ["n2"])]
+    assert job["attempts"][0]["failure"] == "program_error" and job["attempts"][0]["exit_code"] == 3
+    assert job["measurements"]["heartbeat"]["data"] == {"step": 2}
+    assert job["prediction_error"]["step_ratio"] == pytest.approx(3.0)
+    with env.app.state.sessions.begin() as session:
+        principal = Principal(token_id="admin", role=Role.ADMIN)
+        assert job == job_out(session, visible_job(session, principal, job_id, detail=True)).model_dump(mode="json")
+    other = env.headers(env.token("member", team="beta"))
+    assert env.client.get(f"/v1/jobs/{job_id}", headers=other).status_code == 404

@@ -10,7 +10,8 @@ from pydantic import BaseModel, Field
 from service.api.deps import Db, Person
 from service.api.errors import ApiError
 from service.api.schemas import ErrorField, ErrorResponse, JobSummary
-from service.api.submission import MAX_BATCH, encoded, submit_batch
+from service.api.submission import MAX_BATCH, submit_batch
+from service.api.views import encoded
 from service.spec import TrainingSpec
 
 # `jobs:batch`, a custom method on the collection (as Google's API guide names them): `/v1/jobs/batch`

@@ -24,7 +24,7 @@ from service.api.schemas import ErrorField, ErrorResponse, EventOut, JobOut, Job
 from service.api.sse import KEEP_ALIVE, sse_message
 from service.api.stream_auth import StreamAuth, as_stream_auth, for_stream
 from service.api.submission import submit_job
-from service.api.views import event_out, job_out, job_summary
+from service.api.views import detail_out, encoded, event_out, job_out, job_summary
 from service.backend_options import BackendKind
 from service.names import Label
 from service.spec import TrainingSpec
@@ -37,8 +37,9 @@ from service.store.jobs import (
     add_measurement,
     cancel_job,
     is_terminal,
+    job_detail,
     list_events,
-    list_jobs,
+    list_job_rows,
     visible_job,
 )
 from service.store.models import utcnow
@@ -107,7 +108,7 @@ def get_jobs(principal: Caller, db: Db,
                                              " ties go by job id in the same direction.")] = "-submitted",
              cursor: Annotated[str | None, Query(pattern=r"^[A-Za-z0-9_-]{1,600}$",
                                                  description="`next_cursor` of the previous page, with the"
-                                                 " same `sort`.")] = None) -> JobPage:
+                                                 " same `sort`.")] = None) -> Response:
     filters = JobFilter(status=list(status or []), team=team, backend=backend, name=name)
     order = JobSort.parse(sort)
     try:
@@ -116,15 +117,19 @@ def get_jobs(principal: Caller, db: Db,
         raise ApiError(422, "validation_error", f"cursor: {exc}",
                        fields=[ErrorField(loc="query.cursor", message=str(exc))]) from exc
     with db.begin() as session:
-        rows, next_cursor = list_jobs(session, principal, filters, limit=limit, cursor=after, sort=order)
-        return JobPage(items=[job_summary(j) for j in rows],
-                       next_cursor=next_cursor.encode() if next_cursor is not None else None)
+        rows, next_cursor = list_job_rows(session, principal, filters, limit=limit, cursor=after, sort=order)
+    page = JobPage(items=[job_summary(row, row.team_name) for row in rows],
+                   next_cursor=next_cursor.encode() if next_cursor is not None else None)
+    return Response(encoded(page), media_type="application/json")  # a JobPage: FastAPI would validate it again
 
 
 @router.get("/{job_id}", response_model=JobOut, responses=ERRORS)
-def get_job(job_id: JobId, principal: Caller, db: Db) -> JobOut:
-    with db.begin() as session:
-        return job_out(session, visible_job(session, principal, job_id, detail=True))
+def get_job(job_id: JobId, principal: Caller, request: Request) -> Response:
+    """Core reads outside a transaction (`job_detail`), rendered by pydantic's serializer: the answer is
+    a `JobOut` already, which FastAPI would otherwise validate again through `response_model`."""
+    with one_statement(request.app.state.engine) as conn:
+        detail = job_detail(conn, principal, job_id)
+    return Response(encoded(detail_out(detail)), media_type="application/json")
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, responses=ERRORS)
