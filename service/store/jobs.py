@@ -153,7 +153,7 @@ def list_jobs(session: Session, principal: Principal, filters: JobFilter, *, lim
     default), after `cursor`; and the cursor of the next page (None at the end). Keyset paging (see
     `service.store.job_sort`): every matching row comes exactly once across the pages. `cursor`
     must be of the same sort (`JobCursor.decode` checks that)."""
-    return _page(session, select(Job), principal, filters, limit, cursor, sort, objects=True)
+    return _page(session, select(Job), principal, filters, limit, cursor, sort)
 
 
 #: What a list shows of a job (`JobSummary`), with its team's name as `team_name`, and `gpus` for the sort.
@@ -163,41 +163,42 @@ _SUMMARY_COLUMNS = (select(Job.id, Job.name, Job.team_id, Job.status, Job.backen
                     .join(Team, Team.id == Job.team_id))
 
 
-def list_job_rows(session: Session, principal: Principal, filters: JobFilter, *, limit: int = 50,
+def list_job_rows(conn: Connection, principal: Principal, filters: JobFilter, *, limit: int = 50,
                   cursor: JobCursor | None = None, sort: JobSort = DEFAULT_SORT) -> tuple[list[Any], JobCursor | None]:
-    """`list_jobs`' page as rows of the list's columns (`team_name` among them), without building an
-    ORM object per job: what `GET /v1/jobs` answers with."""
-    return _page(session, _SUMMARY_COLUMNS, principal, filters, limit, cursor, sort, objects=False)
+    """`list_jobs`' page as Core rows of the list's columns (`team_name` among them), without an ORM
+    session or an object per job: what `GET /v1/jobs` answers with. Most sorts are one statement; run
+    it in `one_statement`. A sort read in several statements (`finished`, `team` across teams: see
+    `segments`) sees what had committed when each started, as a READ COMMITTED transaction would."""
+    return _page(conn, _SUMMARY_COLUMNS, principal, filters, limit, cursor, sort)
 
 
-def _page(session: Session, base: Select[*Row], principal: Principal, filters: JobFilter, limit: int,
-          cursor: JobCursor | None, sort: JobSort, *, objects: bool) -> tuple[list[Any], JobCursor | None]:
-    """`list_jobs` over `base`: `select(Job)` with `objects` (ORM objects), else a select of columns
-    with `team_name` (rows)."""
+def _page(source: Session | Connection, base: Select[*Row], principal: Principal, filters: JobFilter, limit: int,
+          cursor: JobCursor | None, sort: JobSort) -> tuple[list[Any], JobCursor | None]:
+    """`list_jobs` over `base`: ORM objects of `select(Job)` on a Session, else rows of a select of
+    columns with `team_name` on a Connection."""
     limit = max(1, min(limit, MAX_PAGE))
     stmt = _filtered(base, principal, filters)
     teams = None
     if sort.field is SortField.TEAM and principal.role == Role.ADMIN and not filters.team:
-        teams = _teams_from(session, sort, cursor)
+        teams = _teams_from(source, sort, cursor)
     rows: list[Any] = []
     for where, order in segments(sort, cursor, teams=teams):
         if len(rows) > limit:
             break
         page = stmt.where(*where).order_by(*order).limit(limit + 1 - len(rows))
-        # Columns run on the session's Core connection: the ORM's result machinery adds nothing to rows.
-        rows += session.scalars(page) if objects else session.connection().execute(page).all()
+        rows += source.scalars(page) if isinstance(source, Session) else source.execute(page).all()
     if len(rows) <= limit:
         return rows, None
     last = rows[limit - 1]
-    return rows[:limit], cursor_after(sort, last, last.team.name if objects else last.team_name)
+    return rows[:limit], cursor_after(sort, last, last.team.name if isinstance(source, Session) else last.team_name)
 
 
-def _teams_from(session: Session, sort: JobSort, cursor: JobCursor | None) -> list[tuple[int, str]]:
+def _teams_from(source: Session | Connection, sort: JobSort, cursor: JobCursor | None) -> list[tuple[int, str]]:
     """(id, name) of every team in `sort`'s order of names, from the cursor's team on."""
     stmt = select(Team.id, Team.name).order_by(Team.name.desc() if sort.descending else Team.name.asc())
     if cursor is not None and isinstance(cursor.value, str):
         stmt = stmt.where(Team.name <= cursor.value if sort.descending else Team.name >= cursor.value)
-    return [(int(team_id), str(name)) for team_id, name in session.execute(stmt)]
+    return [(int(team_id), str(name)) for team_id, name in source.execute(stmt)]
 
 
 def jobs_after(session: Session, principal: Principal, filters: JobFilter, after_id: int, *,

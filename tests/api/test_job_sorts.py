@@ -127,7 +127,8 @@ def test_the_api_lists_rows_as_the_dashboard_lists_jobs(env: Env, jobs: list[dic
             order, cursor, seen = JobSort.parse(sort), None, 0
             while True:
                 objects, after = list_jobs(session, principal, JobFilter(), limit=3, sort=order, cursor=cursor)
-                rows, row_after = list_job_rows(session, principal, JobFilter(), limit=3, sort=order, cursor=cursor)
+                rows, row_after = list_job_rows(session.connection(), principal, JobFilter(), limit=3, sort=order,
+                                                cursor=cursor)
                 assert [(j.id, j.team.name, j.gpus) for j in objects] == \
                     [(r.id, r.team_name, r.gpus) for r in rows], sort
                 assert after == row_after, sort

@@ -98,7 +98,7 @@ def create_job(spec: TrainingSpec, principal: Person, db: Db, request: Request,
 
 @router.get("", response_model=JobPage, responses={422: {"model": ErrorResponse}},
             summary="List jobs, newest first or in another order")
-def get_jobs(principal: Caller, db: Db,
+def get_jobs(principal: Caller, request: Request,
              status: Annotated[list[JobStatus] | None, Query(description="Repeat to match several.")] = None,
              team: Annotated[Label | None, Query()] = None,
              backend: Annotated[BackendKind | None, Query()] = None,
@@ -116,8 +116,8 @@ def get_jobs(principal: Caller, db: Db,
     except BadCursor as exc:
         raise ApiError(422, "validation_error", f"cursor: {exc}",
                        fields=[ErrorField(loc="query.cursor", message=str(exc))]) from exc
-    with db.begin() as session:
-        rows, next_cursor = list_job_rows(session, principal, filters, limit=limit, cursor=after, sort=order)
+    with one_statement(request.app.state.engine) as conn:  # no ORM session, no BEGIN and COMMIT around it
+        rows, next_cursor = list_job_rows(conn, principal, filters, limit=limit, cursor=after, sort=order)
     page = JobPage(items=[job_summary(row, row.team_name) for row in rows],
                    next_cursor=next_cursor.encode() if next_cursor is not None else None)
     return Response(encoded(page), media_type="application/json")  # a JobPage: FastAPI would validate it again
