@@ -28,6 +28,13 @@ It always exits 0 once it has measured: it is a measurement, not a test.
 (one command line; about 6 minutes with these sizes). Run it on an otherwise idle machine: it prints
 the background CPU load it saw before and after, and flags figures taken on a busy one.
 
+`--against DIR` compares this tree with another checkout of shardctl in the same run (made with
+`git worktree add DIR REV`; both must have the same migration head, since they share the database):
+a second API server runs DIR's code (its working directory and first import path), every phase runs
+on both servers taking turns (`--turns` times each, the order flipped each turn so that drift in the
+machine's speed falls on both), and a side-by-side table gives each phase's server CPU per request
+and p99 on both trees, with the ratio. The goals table is this tree's.
+
 The PostgreSQL URL (its role needs CREATEDB) defaults to $SHARDCTL_TEST_POSTGRES_URL, else the
 `shardctl` role on 127.0.0.1:5432 that `deploy/postgres.sh` sets up.
 """
@@ -48,7 +55,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -247,15 +254,19 @@ class Server:
 
 
 @contextmanager
-def api_server(url: str, workers: int, workdir: Path) -> Iterator[Server]:
-    """The API in its own process on a free localhost port, once `/healthz` answers."""
+def api_server(url: str, workers: int, workdir: Path, tree: Path | None = None) -> Iterator[Server]:
+    """The API in its own process on a free localhost port, once `/healthz` answers. `tree`: run that
+    checkout's `service` instead of the installed one (`python -m` puts its working directory first on
+    the import path, so the process runs in `tree` and has it on PYTHONPATH too)."""
     port = _free_port()
     log = workdir / "uvicorn.log"
     env = {**os.environ, "SHARDCTL_DATABASE_URL": url, "SHARDCTL_DATA_DIR": str(workdir)}
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p)
     cmd = [sys.executable, "-m", "uvicorn", "--factory", "service.api.app:create_app", "--host", "127.0.0.1",
            "--port", str(port), "--log-level", "warning", "--no-access-log", "--workers", str(workers)]
     with log.open("wb") as out:
-        process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tree)
     server = Server(process, f"http://127.0.0.1:{port}", log)
     try:
         deadline = time.monotonic() + 60
@@ -316,6 +327,23 @@ class Phase:
     def pct_ms(self, q: float) -> float:
         return percentile(self.latencies, q) * 1000
 
+    def add(self, more: Phase) -> None:
+        """Take in another turn of the same phase: its requests, errors, time and CPU."""
+        self.latencies += more.latencies
+        for status, n in more.errors.items():
+            self.errors[status] = self.errors.get(status, 0) + n
+        self.wall_s += more.wall_s
+        self.client_cpu_s += more.client_cpu_s
+        self.server_cpu_s += more.server_cpu_s
+        self.machine_cpu_s += more.machine_cpu_s
+        if more.new_connections is not None:
+            self.new_connections = (self.new_connections or 0) + more.new_connections
+
+    @property
+    def server_ms(self) -> float:
+        """Server CPU milliseconds per answered request."""
+        return self.server_cpu_s * 1000 / max(self.ok, 1)
+
 
 def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100); NaN for no values."""
@@ -334,20 +362,21 @@ async def timed(client: Client, method: str, path: str, **kw: Any) -> tuple[floa
 
 def run_phase(label: str, server: Server, token: str, request: Request, count: int, concurrency: int,
               max_seconds: float, ok_status: int = 200, sessions: SessionCounter | None = None,
-              client_kind: str = "lean") -> Phase:
-    """`count` requests from `concurrency` asyncio tasks sharing one keep-alive client of `client_kind`
-    (`http_clients.CLIENTS`; a closed loop: each task sends its next request when the previous one is
-    answered), for at most `max_seconds`. Records the latencies of the requests answered with
-    `ok_status` and counts the others."""
+              client_kind: str = "lean", first: int = 0) -> Phase:
+    """`count` requests (numbers `first` on) from `concurrency` asyncio tasks sharing one keep-alive
+    client of `client_kind` (`http_clients.CLIENTS`; a closed loop: each task sends its next request
+    when the previous one is answered), for at most `max_seconds`. Records the latencies of the
+    requests answered with `ok_status` and counts the others."""
     phase = Phase(label, concurrency)
+    end = first + count
 
     async def drive() -> None:
-        next_i = 0
+        next_i = first
         deadline = time.monotonic() + max_seconds
 
         async def worker(client: Client) -> None:
             nonlocal next_i
-            while time.monotonic() < deadline and next_i < count:
+            while time.monotonic() < deadline and next_i < end:
                 i, next_i = next_i, next_i + 1
                 try:
                     seconds, status = await request(client, i)
@@ -375,6 +404,24 @@ def run_phase(label: str, server: Server, token: str, request: Request, count: i
     if sessions:
         phase.new_connections = sessions.read() - sessions0
     return phase
+
+
+def in_turns(servers: list[Server], count: int, turns: int, run: Callable[[Server, int, int], Phase]) -> list[Phase]:
+    """A phase of `count` requests on each of `servers`, in `turns` turns: turn t runs its share of the
+    requests (the same request numbers on every server) on each server in turn, the order reversed
+    every other turn. `run(server, first, share)` runs one turn; returns one Phase per server, its
+    turns added up."""
+    totals: dict[int, Phase] = {}
+    for turn in range(turns):
+        first, share = count * turn // turns, count * (turn + 1) // turns - count * turn // turns
+        order = list(range(len(servers)))
+        for k in order if turn % 2 == 0 else order[::-1]:
+            got = run(servers[k], first, share)
+            if k in totals:
+                totals[k].add(got)
+            else:
+                totals[k] = got
+    return [totals[k] for k in range(len(servers))]
 
 
 async def healthz_request(client: Client, i: int) -> tuple[float, int]:
@@ -440,8 +487,10 @@ RAW_GET = """
 SELECT j.id, j.name, t.name, j.status, j.backend, j.priority, j.spec, j.plan, j.created_at, j.updated_at,
        j.finished_at
 FROM jobs j JOIN teams t ON t.id = j.team_id WHERE j.id = %s"""
+#: The columns the API's list page reads (`service.store.jobs.list_job_rows`), not the whole plan of each job.
 RAW_LIST = """
-SELECT j.id, j.name, t.name, j.status, j.backend, j.priority, j.plan, j.created_at, j.updated_at, j.finished_at
+SELECT j.id, j.name, j.team_id, j.status, j.backend, j.priority, j.created_at, j.updated_at, j.finished_at,
+       j.layout, j.predicted_step_s, j.gpus, t.name
 FROM jobs j JOIN teams t ON t.id = j.team_id
 WHERE j.status = 'QUEUED' AND t.name = %s ORDER BY j.id DESC LIMIT 51"""
 
@@ -530,6 +579,21 @@ def print_report(seeded: Seeded, phases: dict[str, Phase], raw: tuple[Phase, Pha
           "(PostgreSQL, and anything else running); all share the machine's CPUs.")
 
 
+def print_side_by_side(mine: dict[str, Phase], theirs: dict[str, Phase], other: Path, turns: int) -> None:
+    """Each phase on this tree and on `other`, measured taking turns in this run."""
+    print(f"\nthis tree against {other}, each phase in {turns} turns per tree taking turns"
+          " (ratio below 1: this tree is faster or cheaper)")
+    print(f"{'phase':34} {'server CPU ms/request':>34}   {'p99 ms':>30}   {'req/s':>20}")
+    print(f"{'':34} {'this':>10} {'other':>10} {'ratio':>12}   {'this':>9} {'other':>9} {'ratio':>10}"
+          f"   {'this':>9} {'other':>10}")
+    for key, a in mine.items():
+        b = theirs[key]
+        print(f"{a.label + f' c={a.concurrency}':34} {a.server_ms:10.2f} {b.server_ms:10.2f}"
+              f" {a.server_ms / b.server_ms if b.server_ms else float('nan'):12.2f}"
+              f"   {a.pct_ms(99):9.2f} {b.pct_ms(99):9.2f} {a.pct_ms(99) / b.pct_ms(99):10.2f}"
+              f"   {a.rate:9.1f} {b.rate:10.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--postgres-url", default=os.environ.get("SHARDCTL_TEST_POSTGRES_URL", DEFAULT_URL),
@@ -544,10 +608,16 @@ def main() -> None:
     parser.add_argument("--max-seconds", type=float, default=90.0, help="time limit of each phase")
     parser.add_argument("--client", choices=sorted(CLIENTS), default="lean",
                         help="the load generator's HTTP client (see http_clients)")
+    parser.add_argument("--against", type=Path, default=None, metavar="DIR",
+                        help="another shardctl checkout (git worktree add DIR REV) to measure side by side")
+    parser.add_argument("--turns", type=int, default=4, help="with --against: turns each phase takes per tree")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    if args.jobs < 1 or args.concurrency < 1:
-        parser.error("--jobs and --concurrency must be at least 1")
+    if args.jobs < 1 or args.concurrency < 1 or args.turns < 1:
+        parser.error("--jobs, --concurrency and --turns must be at least 1")
+    if args.against is not None and not (args.against / "service" / "api" / "app.py").is_file():
+        parser.error(f"--against {args.against}: not a shardctl checkout (no service/api/app.py there);"
+                     " make one with: git worktree add DIR REV")
     rng = random.Random(args.seed)
     run_id = secrets.token_hex(3)
     started = time.perf_counter()
@@ -558,22 +628,36 @@ def main() -> None:
         print(f"seeding {args.jobs} jobs into {make_url(url).database} ...", flush=True)
         seeded = seed(url, args.jobs, rng)
         print(f"seeded in {seeded.seconds:.1f} s; starting the API server ...", flush=True)
-        sessions = SessionCounter(url)
+        # Counting connections reads statistics a second apart: too slow to do per turn.
+        sessions = SessionCounter(url) if args.against is None else None
+        trees: list[Path | None] = [None] if args.against is None else [None, args.against.resolve()]
+        turns = 1 if args.against is None else args.turns
+        results: list[dict[str, Phase]] = [{} for _ in trees]
         try:
-            with api_server(url, args.server_workers, Path(tmp)) as server:
+            with ExitStack() as stack:
+                servers = []
+                for k, tree in enumerate(trees):
+                    (Path(tmp) / str(k)).mkdir()
+                    servers.append(stack.enter_context(api_server(url, args.server_workers, Path(tmp) / str(k), tree)))
                 c, limit = args.concurrency, args.max_seconds
-                measure = functools.partial(run_phase, client_kind=args.client)
+                measure = functools.partial(run_phase, client_kind=args.client, sessions=sessions)
                 admin, member = seeded.admin_token, seeded.member_token
                 first, second = list_requests(args.seed)
-                # Warm-up: connection pools, imports, PostgreSQL caches.
-                measure("warm-up", server, admin, get_request(args.jobs, args.seed + 7), 200, c, limit)
-                measure("warm-up", server, admin, first, 100, c, limit)
-                phases: dict[str, Phase] = {}
+
+                def phase(key: str, label: str, token: str, request: Request, count: int, conc: int,
+                          ok_status: int = 200) -> None:
+                    got = in_turns(servers, count, turns, lambda server, start, share: measure(
+                        label, server, token, request, share, conc, limit, ok_status=ok_status, first=start))
+                    for mine, one in zip(results, got, strict=True):
+                        mine[key] = one
+
+                for server in servers:  # warm-up: connection pools, imports, PostgreSQL caches
+                    measure("warm-up", server, admin, get_request(args.jobs, args.seed + 7), 200, c, limit)
+                    measure("warm-up", server, admin, first, 100, c, limit)
                 print("submitting ...", flush=True)
-                phases["submit"] = measure("POST /v1/jobs", server, member, submit_request(run_id),
-                                           args.submissions, c, limit, ok_status=201, sessions=sessions)
-                phases["batch"] = measure("POST /v1/jobs:batch", server, member, batch_request(run_id),
-                                          args.batches, min(c, 4), limit, ok_status=201, sessions=sessions)
+                phase("submit", "POST /v1/jobs", member, submit_request(run_id), args.submissions, c, ok_status=201)
+                phase("batch", "POST /v1/jobs:batch", member, batch_request(run_id), args.batches, min(c, 4),
+                      ok_status=201)
                 print("reading ...", flush=True)
                 for c_key, conc in (("1", 1), ("n", c)):
                     for key, label, request in (
@@ -581,13 +665,15 @@ def main() -> None:
                             ("get", "GET /v1/jobs/{id}", get_request(args.jobs, args.seed)),
                             ("list1", "GET /v1/jobs list p1", first),
                             ("list2", "GET /v1/jobs list p2", second)):
-                        phases[f"{key}-{c_key}"] = measure(label, server, admin, request, args.reads, conc,
-                                                           limit, sessions=sessions)
+                        phase(f"{key}-{c_key}", label, admin, request, args.reads, conc)
         finally:
-            sessions.close()
+            if sessions is not None:
+                sessions.close()
         raw = raw_sql(url, args.jobs, args.reads, args.seed)
         busy_after = background_load()
-        print_report(seeded, phases, raw, args.server_workers, (busy_before, busy_after), args.client)
+        print_report(seeded, results[0], raw, args.server_workers, (busy_before, busy_after), args.client)
+        if args.against is not None:
+            print_side_by_side(results[0], results[1], args.against, turns)
     print(f"\ntotal {time.perf_counter() - started:.0f} s; database dropped")
 
 
