@@ -640,14 +640,15 @@ def main() -> None:
                     (Path(tmp) / str(k)).mkdir()
                     servers.append(stack.enter_context(api_server(url, args.server_workers, Path(tmp) / str(k), tree)))
                 c, limit = args.concurrency, args.max_seconds
-                measure = functools.partial(run_phase, client_kind=args.client, sessions=sessions)
+                measure = functools.partial(run_phase, client_kind=args.client)
                 admin, member = seeded.admin_token, seeded.member_token
                 first, second = list_requests(args.seed)
 
                 def phase(key: str, label: str, token: str, request: Request, count: int, conc: int,
                           ok_status: int = 200) -> None:
                     got = in_turns(servers, count, turns, lambda server, start, share: measure(
-                        label, server, token, request, share, conc, limit, ok_status=ok_status, first=start))
+                        label, server, token, request, share, conc, limit, ok_status=ok_status, sessions=sessions,
+                        first=start))
                     for mine, one in zip(results, got, strict=True):
                         mine[key] = one
 
