@@ -411,7 +411,7 @@ def submit_batch(db: sessionmaker[Session], principal: Principal, specs: list[Tr
         _refuse(refused + pools_refused, len(specs))
         jobs = insert_jobs(session, [NewJob(team=teams[item.team_name], spec=item.spec.model_copy(
             update={"team": item.team_name}), plan=item.plan) for item in prepared], actor=principal.actor)
-        return [job_summary(job) for job in jobs]
+        return [job_summary(job, job.team.name) for job in jobs]
 
 
 def _check_all_pools(session: Session, prepared: list[Prepared], local_gpus: str | None) -> list[tuple[int, ApiError]]:

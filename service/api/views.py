@@ -40,25 +40,25 @@ def encoded(model: BaseModel) -> bytes:
                        f" ({type(exc).__name__}); send finite numbers and valid Unicode") from exc
 
 
-def job_summary(job: Job | Any, team: str | None = None) -> JobSummary:
+def job_summary(job: Job | Any, team: str) -> JobSummary:
     """From columns only: the spec and plan documents stay unloaded in list views. `job` is an ORM
-    `Job` (its team loaded), or a Core row of the `jobs` columns with `team` given."""
+    `Job` or a Core row of the list's columns; `team` its team's name."""
     return JobSummary(
-        id=job.id, name=job.name, team=job.team.name if team is None else team, status=job.status,
+        id=job.id, name=job.name, team=team, status=job.status,
         backend=job.backend, priority=job.priority, created_at=job.created_at, updated_at=job.updated_at,
         finished_at=job.finished_at, layout=job.layout, predicted_step_s=job.predicted_step_s)
 
 
 def job_out(session: Session, job: Job) -> JobOut:
     """From a loaded `Job`: its attempts (loaded now unless they were) and newest measurements."""
-    return detail_out(JobDetail(job, job.attempts, list(latest_measurements(session, job).values())))
+    return detail_out(JobDetail(job, job.team.name, job.attempts, latest_measurements(session, job.id)))
 
 
 def detail_out(detail: JobDetail) -> JobOut:
     """The job as `GET /v1/jobs/{id}` shows it. `detail` holds ORM objects or Core rows: each has the
-    columns' names as attributes (a Core job row also has `team_name`)."""
+    columns' names as attributes."""
     job = detail.job
-    summary = job_summary(job, job.team.name if isinstance(job, Job) else job.team_name)
+    summary = job_summary(job, detail.team)
     report = next((m for m in detail.measured if m.kind == MeasurementKind.REPORT), None)
     return JobOut(
         **summary.model_dump(), spec=redacted_spec(job.spec), plan=job.plan,

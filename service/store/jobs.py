@@ -88,15 +88,17 @@ def _detail_statements() -> tuple[Select[Any], Select[Any], Select[Any]]:
 
 
 #: Built once: `job_detail` is what `GET /v1/jobs/{id}` runs.
-_DETAIL_JOB, _DETAIL_ATTEMPTS, _DETAIL_MEASURED = _detail_statements()
+_DETAIL_JOB, _DETAIL_ATTEMPTS, _NEWEST_MEASURED = _detail_statements()
 
 
 @dataclass(frozen=True, slots=True)
 class JobDetail:
-    """A job as Core rows: `job` has every column of `jobs` (spec and plan decoded) and `team_name`;
-    `attempts` in order of number; `measured` the newest measurement of each kind (kind, at, data)."""
+    """What a job's detail shows: `job` (an ORM `Job`, or a Core row of every column of `jobs`, spec
+    and plan decoded), its team's name, its attempts in order of number (objects or rows), and the
+    newest measurement of each kind (rows of kind, at, data: `latest_measurements`)."""
 
     job: Any
+    team: str
     attempts: Sequence[Any]
     measured: Sequence[Any]
 
@@ -109,8 +111,8 @@ def job_detail(conn: Connection, principal: Principal, job_id: int) -> JobDetail
     job = conn.execute(_DETAIL_JOB, {"job_id": job_id}).first()
     if job is None or not can_see(principal, job):
         raise NotFound(f"no job {job_id}")
-    return JobDetail(job, conn.execute(_DETAIL_ATTEMPTS, {"job_id": job_id}).all(),
-                     conn.execute(_DETAIL_MEASURED, {"job_id": job_id}).all())
+    return JobDetail(job, job.team_name, conn.execute(_DETAIL_ATTEMPTS, {"job_id": job_id}).all(),
+                     latest_measurements(conn, job_id))
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,12 +319,10 @@ def add_heartbeat(conn: Connection, principal: Principal, job_id: int, data: dic
         raise NotFound(f"no job {job_id}")
 
 
-def latest_measurements(session: Session, job: Job) -> dict[MeasurementKind, Measurement]:
-    """The newest measurement of each kind."""
-    newest = (select(Measurement.kind, func.max(Measurement.id).label("id"))
-              .where(Measurement.job_id == job.id).group_by(Measurement.kind).subquery())
-    rows = session.scalars(select(Measurement).join(newest, Measurement.id == newest.c.id))
-    return {row.kind: row for row in rows}
+def latest_measurements(source: Session | Connection, job_id: int) -> list[Any]:
+    """The newest measurement of each kind, as rows of (kind, at, data). On a Session it flushes first,
+    so measurements added in its transaction count."""
+    return list(source.execute(_NEWEST_MEASURED, {"job_id": job_id}).all())
 
 
 def is_terminal(job: Job) -> bool:
