@@ -190,9 +190,6 @@ class RequestGate:
         return forwarded_identity(settings, self.api.state.sessions, headers, client[0] if client else None, secret,
                                   str(scope.get("method", "GET")))
 
-    def _authenticate(self, secret: str) -> Principal | None:
-        return token_principal(self.api.state.engine, secret, self.api.state.settings)
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
@@ -238,7 +235,8 @@ class RequestGate:
                 except ApiError as exc:
                     return errors.error_response(exc.status, exc.code, exc.message, headers=exc.headers), receive
             if principal is None and secret:
-                principal = await anyio.to_thread.run_sync(self._authenticate, secret)
+                state = self.api.state
+                principal = await anyio.to_thread.run_sync(token_principal, state.engine, secret, state.settings)
             if principal is None:
                 return errors.error_response(401, "unauthorized", BAD_TOKEN if secret else MISSING_TOKEN,
                                              headers=UNAUTHORIZED_HEADERS), receive
