@@ -31,11 +31,9 @@ from service.scheduling.model import TeamQuota
 from service.settings import Settings
 from service.spec import TrainingSpec
 from service.store.jobs import NewJob, body_hash, find_idempotent, idempotency_scope, visible_job
-from service.store.models import Job, Team
 from service.store.pools import SourcedPool, effective_pools, managed, matching
-from service.store.quotas import max_priority
-from service.store.submissions import insert_jobs
-from service.store.tokens import NotFound, Principal, ensure_team, team_by_name
+from service.store.submissions import QueuedJob, SubmittingTeam, insert_jobs, submitting_team
+from service.store.tokens import NotFound, Principal
 from service.store.vocab import Role
 
 DEFAULT_TEAM = "default"
@@ -175,16 +173,15 @@ def check_backend(spec: TrainingSpec, configured: Collection[str] | None) -> Non
                    details={"configured_backends": sorted(configured)})
 
 
-def check_priority(session: Session, principal: Principal, team: Team | None, priority: int) -> None:
+def check_priority(principal: Principal, team: SubmittingTeam, priority: int) -> None:
     """403 naming the limit when a member sets a priority above the team's `max_priority` (the
     `TeamQuota` default when the team has no quota declared). Admins set any."""
     if principal.role != Role.MEMBER:
         return
-    declared = max_priority(session, team) if team is not None else None
-    limit = declared if declared is not None else TeamQuota().max_priority
+    limit = team.max_priority if team.max_priority is not None else TeamQuota().max_priority
     if priority > limit:
         raise ApiError(403, "priority_over_limit", f"priority {priority} is above team"
-                       f" {team.name if team else DEFAULT_TEAM!r}'s limit of {limit}; set priority to {limit} or"
+                       f" {team.name!r}'s limit of {limit}; set priority to {limit} or"
                        " less, or ask an admin (PUT /v1/teams/{team}/quota max_priority)",
                        fields=[ErrorField(loc="priority", message=f"at most {limit} for this team")],
                        details={"priority": priority, "max_priority": limit})
@@ -227,12 +224,12 @@ class Submitted:
     team: str
 
 
-def new_job_out(job: Job) -> JobOut:
-    """The `JobOut` of a job inserted in this transaction, from the row in memory: no attempts and no
+def new_job_out(job: QueuedJob) -> JobOut:
+    """The `JobOut` of a job inserted in this transaction, as `insert_jobs` wrote it: no attempts and no
     measurements yet, and nothing read back. Built without validation: every value was validated on
     the way in (the spec by the route, the plan by the planner, the columns copied from them)."""
     return JobOut.model_construct(
-        id=job.id, name=job.name, team=job.team.name, status=job.status, backend=job.backend,
+        id=job.id, name=job.name, team=job.team_name, status=job.status, backend=job.backend,
         priority=job.priority, created_at=job.created_at, updated_at=job.updated_at, finished_at=job.finished_at,
         layout=job.layout, predicted_step_s=job.predicted_step_s, spec=redacted_spec(job.spec), plan=job.plan,
         attempts=[], measurements={})
@@ -275,9 +272,13 @@ def fitting_plan(spec: TrainingSpec, planner: PlanRunner) -> Plan:
     return result
 
 
-def resolve_team(session: Session, name: str) -> Team:
-    """Only the default team appears by itself; other teams are created on purpose (POST /v1/teams)."""
-    return ensure_team(session, name) if name == DEFAULT_TEAM else team_by_name(session, name)
+def resolve_team(session: Session, name: str) -> SubmittingTeam:
+    """The team `name` and what a submission checks of it. Only the default team appears by itself;
+    other teams are created on purpose (POST /v1/teams): `NotFound` naming the fix."""
+    team = submitting_team(session, name, create=name == DEFAULT_TEAM)
+    if team is None:
+        raise NotFound(f"no team named {name!r}; create it with POST /v1/teams")
+    return team
 
 
 def submit_job(db: sessionmaker[Session], principal: Principal, spec: TrainingSpec,
@@ -312,11 +313,11 @@ def submit_job(db: sessionmaker[Session], principal: Principal, spec: TrainingSp
     try:
         with db.begin() as session:
             team = resolve_team(session, team_name)
-            check_priority(session, principal, team, spec.priority)
+            check_priority(principal, team, spec.priority)
             check_pools(session, spec, result, local_gpus)
             [job] = insert_jobs(session, [NewJob(team=team, spec=stored_spec, plan=result)], actor=principal.actor,
                                 idempotency=idem)
-            return Submitted(job.id, True, encoded(new_job_out(job)), team.name)
+            return Submitted(job.id, True, encoded(new_job_out(job)), job.team_name)
     except IntegrityError:
         if idem is None:
             raise
@@ -395,12 +396,12 @@ def submit_batch(db: sessionmaker[Session], principal: Principal, specs: list[Tr
             refused.append((index, exc))
     _refuse(refused, len(specs))
     with db.begin() as session:
-        teams: dict[str, Team] = {}
+        teams: dict[str, SubmittingTeam] = {}
         for index, item in enumerate(prepared):
             try:
                 if item.team_name not in teams:
                     teams[item.team_name] = resolve_team(session, item.team_name)
-                check_priority(session, principal, teams[item.team_name], item.spec.priority)
+                check_priority(principal, teams[item.team_name], item.spec.priority)
             except NotFound as exc:
                 message = f"{exc}; or submit into an existing team"
                 refused.append((index, ApiError(404, "not_found", message, fields=[
@@ -411,7 +412,7 @@ def submit_batch(db: sessionmaker[Session], principal: Principal, specs: list[Tr
         _refuse(refused + pools_refused, len(specs))
         jobs = insert_jobs(session, [NewJob(team=teams[item.team_name], spec=item.spec.model_copy(
             update={"team": item.team_name}), plan=item.plan) for item in prepared], actor=principal.actor)
-        return [job_summary(job, job.team.name) for job in jobs]
+        return [job_summary(job, job.team_name) for job in jobs]
 
 
 def _check_all_pools(session: Session, prepared: list[Prepared], local_gpus: str | None) -> list[tuple[int, ApiError]]:

@@ -11,7 +11,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVarTuple
+from typing import Any, Protocol, TypeVarTuple
 
 from sqlalchemy import Connection, Insert, Select, bindparam, func, insert, select
 from sqlalchemy.orm import Session, selectinload, undefer
@@ -53,11 +53,21 @@ def find_idempotent(session: Session, scope: str, key: str, digest: str) -> Job 
     return job
 
 
+class TeamRef(Protocol):
+    """A team as much as inserting its jobs needs: a `Team` row, or what a submission read of it."""
+
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def name(self) -> str: ...
+
+
 @dataclass(frozen=True, slots=True)
 class NewJob:
     """A planned job to queue: the spec as submitted (its team resolved) and the plan that fits it."""
 
-    team: Team
+    team: TeamRef
     spec: TrainingSpec
     plan: Plan
 

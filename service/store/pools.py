@@ -43,9 +43,12 @@ class SourcedPool:
     source: str
 
 
+_STORED = select(PoolRow.pool, PoolRow.source).order_by(PoolRow.name)  # built once: every submission reads it
+
+
 def stored_pools(session: Session) -> list[SourcedPool]:
-    """Every stored pool, by name."""
-    return [SourcedPool(r.pool, r.source) for r in session.scalars(select(PoolRow).order_by(PoolRow.name))]
+    """Every stored pool, by name (a Core read on the session's connection: no ORM rows)."""
+    return [SourcedPool(pool, source) for pool, source in session.connection().execute(_STORED)]
 
 
 def effective_pools(session: Session, local_gpus: str | None = None) -> list[SourcedPool]:

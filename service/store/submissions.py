@@ -1,56 +1,140 @@
 """Inserting planned jobs: one job or a batch, with their `job.queued` events, in the caller's transaction.
 
 The submission path (`service.api.submission`) calls this once per request, single or batch, so a
-job, its event, its webhook deliveries and its idempotency key commit together or not at all.
+job, its event, its webhook deliveries and its idempotency key commit together or not at all. It is
+the API's hottest write, so it is Core statements on the session's connection, not the ORM's unit of
+work: the team with everything a submission checks of it in one read (`submitting_team`), then one
+INSERT of the jobs and one of their events, whatever the batch size.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
+from sqlalchemy import bindparam, insert, select
 from sqlalchemy.orm import Session
 
+from service.backend_options import BackendKind
+from service.planner.result import Plan
+from service.spec import TrainingSpec
 from service.store.jobs import NewJob
-from service.store.models import IdempotencyKey, Job
-from service.store.states import add_event
+from service.store.models import Event, IdempotencyKey, Job, Team, TeamQuotaRow, utcnow
+from service.store.tokens import ensure_team
 from service.store.vocab import EventKind, JobStatus
+from service.store.webhooks import WrittenEvent, enqueue_written, job_view, known_unsubscribed, subscribed
 
 QUEUED_MESSAGE = "planned and queued"
+QUEUED_KIND = EventKind.status(JobStatus.QUEUED)
+
+# Built once: building a statement costs more CPU than PostgreSQL spends running it.
+_TEAM = (select(Team.id, Team.name, TeamQuotaRow.quota, subscribed(Team.id))
+         .outerjoin(TeamQuotaRow, TeamQuotaRow.team_id == Team.id).where(Team.name == bindparam("name")))
+_INSERT_JOBS = insert(Job).returning(Job.id, sort_by_parameter_order=True)
+_INSERT_EVENTS = insert(Event).returning(Event.id, sort_by_parameter_order=True)
+_INSERT_KEY = insert(IdempotencyKey)
 
 
-def queued_job(new: NewJob, *, actor: str) -> Job:
-    """The QUEUED row of `new`, with the list-view columns copied from its plan (not yet added)."""
+@dataclass(frozen=True, slots=True)
+class SubmittingTeam:
+    """What a submission needs of the team it goes into, read in one statement (`submitting_team`)."""
+
+    id: int
+    name: str
+    #: the highest priority its members may set; None when it has no quota declared
+    max_priority: int | None
+    #: whether any live webhook gets its events (False: no delivery to enqueue, nothing more to read)
+    subscribed: bool
+
+
+def submitting_team(session: Session, name: str, *, create: bool = False) -> SubmittingTeam | None:
+    """The team `name` with its quota's `max_priority` and whether a webhook gets its events, in one
+    read; None when there is no such team, unless `create`: then it is created first (`ensure_team`,
+    safe against a racing request). Within the transaction, `enqueue` reads no subscriptions of a team
+    found unsubscribed here."""
+    row = session.connection().execute(_TEAM, {"name": name}).first()
+    if row is None and create:
+        ensure_team(session, name)
+        row = session.connection().execute(_TEAM, {"name": name}).first()
+    if row is None:
+        return None
+    team = SubmittingTeam(row[0], row[1], row[2].max_priority if row[2] is not None else None, bool(row[3]))
+    if not team.subscribed:
+        known_unsubscribed(session, team.id)
+    return team
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedJob:
+    """A job as `insert_jobs` wrote it: every column a response shows, with nothing read back."""
+
+    id: int
+    name: str
+    team_id: int
+    team_name: str
+    status: JobStatus
+    backend: BackendKind
+    priority: int
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    layout: str
+    predicted_step_s: float | None
+    spec: TrainingSpec
+    plan: Plan
+
+
+def queued_values(new: NewJob, *, actor: str, now: datetime) -> dict[str, Any]:
+    """The QUEUED row of `new`, with the list-view columns copied from its plan."""
     spec, plan = new.spec, new.plan
-    return Job(name=spec.name, team=new.team, team_id=new.team.id, status=JobStatus.QUEUED,
-               backend=spec.backend.kind, priority=spec.priority, spec=spec, plan=plan, created_by=actor,
-               layout=plan.layout.short()[:200], predicted_step_s=plan.time.step_s,
-               gpu=plan.gpu, gpus=plan.world_size,
-               predicted_s=plan.time.step_s * plan.training.steps if plan.training is not None else None)
+    return {"name": spec.name, "team_id": new.team.id, "status": JobStatus.QUEUED, "backend": spec.backend.kind,
+            "priority": spec.priority, "spec": spec, "plan": plan, "created_by": actor, "created_at": now,
+            "updated_at": now, "finished_at": None, "layout": plan.layout.short()[:200],
+            "predicted_step_s": plan.time.step_s, "gpu": plan.gpu, "gpus": plan.world_size,
+            "predicted_s": plan.time.step_s * plan.training.steps if plan.training is not None else None}
 
 
 def insert_jobs(session: Session, batch: Sequence[NewJob], *, actor: str,
-                idempotency: tuple[str, str, str] | None = None) -> list[Job]:
+                idempotency: tuple[str, str, str] | None = None) -> list[QueuedJob]:
     """Insert QUEUED jobs for `batch` (in its order), one `job.queued` event each (and the webhook
     deliveries it matches), and the idempotency key (scope, key, body hash) of a single submission.
 
-    Two flushes whatever the batch size: the jobs (their ids), then the events and the key; the
-    returned rows carry their ids, timestamps and team, so a response needs no read back. A racing
-    request with the same idempotency key makes the flush fail with `IntegrityError` (the caller
-    looks the key up again).
+    One INSERT of the jobs and one of the events whatever the batch size (and one of the key); the
+    returned jobs carry their ids and timestamps, so a response needs no read back. A racing request
+    with the same idempotency key makes the key's INSERT fail with `IntegrityError` (the caller looks
+    the key up again).
     """
     if idempotency is not None and len(batch) != 1:
         raise ValueError("an idempotency key names one job: submit a batch without one")
-    jobs = [queued_job(new, actor=actor) for new in batch]
-    session.add_all(jobs)
-    session.flush()
-    for job, new in zip(jobs, batch, strict=True):
-        add_event(session, job, actor=actor, kind=EventKind.status(JobStatus.QUEUED), message=QUEUED_MESSAGE,
-                  data={"layout": new.plan.layout.to_dict(), "step_s": new.plan.time.step_s})
+    if not batch:
+        return []
+    conn, now = session.connection(), utcnow()
+    rows = [queued_values(new, actor=actor, now=now) for new in batch]
+    ids = list(conn.execute(_INSERT_JOBS, _params(rows)).scalars())
+    data = [{"layout": new.plan.layout.to_dict(), "step_s": new.plan.time.step_s} for new in batch]
+    events = [{"job_id": job_id, "at": now, "actor": actor, "kind": QUEUED_KIND, "message": QUEUED_MESSAGE,
+               "data": event_data} for job_id, event_data in zip(ids, data, strict=True)]
+    event_ids = conn.execute(_INSERT_EVENTS, _params(events)).scalars()
+    jobs = [QueuedJob(id=job_id, name=row["name"], team_id=new.team.id, team_name=new.team.name,
+                      status=JobStatus.QUEUED, backend=row["backend"], priority=row["priority"], created_at=now,
+                      updated_at=now, finished_at=None, layout=row["layout"],
+                      predicted_step_s=row["predicted_step_s"], spec=new.spec, plan=new.plan)
+            for job_id, row, new in zip(ids, rows, batch, strict=True)]
+    for job, event_id, event_data in zip(jobs, event_ids, data, strict=True):
+        enqueue_written(session, job.team_id, job_view(job, job.team_name),
+                        WrittenEvent(event_id, QUEUED_KIND, now, QUEUED_MESSAGE, event_data))
     if idempotency is not None:
         scope, key, digest = idempotency
-        session.add(IdempotencyKey(scope=scope, key=key, body_hash=digest, job_id=jobs[0].id))
-    session.flush()
+        conn.execute(_INSERT_KEY, {"scope": scope, "key": key, "body_hash": digest, "job_id": ids[0],
+                                   "created_at": now})
     return jobs
 
 
-__all__ = ["QUEUED_MESSAGE", "insert_jobs", "queued_job"]
+def _params(rows: list[dict[str, Any]]) -> list[dict[str, Any]] | dict[str, Any]:
+    """One row as one statement's parameters: a list, even of one, takes SQLAlchemy's multi-row path."""
+    return rows[0] if len(rows) == 1 else rows
+
+
+__all__ = ["QUEUED_MESSAGE", "QueuedJob", "SubmittingTeam", "insert_jobs", "queued_values", "submitting_team"]

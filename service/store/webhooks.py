@@ -14,10 +14,10 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
-from sqlalchemy import or_, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import ColumnElement, Exists, and_, exists, or_, select, update
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from service.store.models import Event, Job, Team, utcnow
 from service.store.notify_models import (
@@ -158,13 +158,61 @@ def matches(patterns: list[str], kind: str) -> bool:
     return ALL_EVENTS in patterns or kind in patterns
 
 
-def job_view(job: Job, team: str) -> dict[str, Any]:
+class JobFacts(Protocol):
+    """What a delivery tells of a job: an ORM `Job` or a job as a Core insert wrote it."""
+
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def status(self) -> JobStatus: ...
+
+    @property
+    def backend(self) -> str: ...
+
+    @property
+    def priority(self) -> int: ...
+
+
+def job_view(job: JobFacts, team: str) -> dict[str, Any]:
     """What a delivery says about the job, as it is when the event is written."""
     return {"id": job.id, "name": job.name, "status": job.status.value, "team": team,
             "backend": str(job.backend), "priority": job.priority}
 
 
 _SUBSCRIPTIONS = "shardctl.webhook_subscriptions"
+TeamIdExpr = ColumnElement[int] | InstrumentedAttribute[int]
+
+
+def live_for(team_id: TeamIdExpr | int) -> ColumnElement[bool]:
+    """The webhooks that get the events of team `team_id` (a value or a column): neither deleted nor
+    disabled, and the team's own or every team's."""
+    return and_(Webhook.deleted_at.is_(None), Webhook.disabled_at.is_(None),
+                or_(Webhook.team_id.is_(None), Webhook.team_id == team_id))
+
+
+def subscribed(team_id: TeamIdExpr) -> Exists:
+    """Whether any webhook gets team `team_id`'s events: an EXISTS to read along with the team."""
+    return exists().where(live_for(team_id))
+
+
+def known_unsubscribed(session: Session, team_id: int) -> None:
+    """Record that no webhook gets `team_id`'s events, as this transaction has just read (`subscribed`),
+    so that `enqueue` does not read the subscriptions again in this transaction."""
+    _transaction_cache(session)[team_id] = []
+
+
+def _transaction_cache(session: Session) -> dict[int, list[tuple[int, list[str]]]]:
+    transaction = session.get_transaction()
+    cached = session.info.get(_SUBSCRIPTIONS)
+    if cached is None or cached[0] is not transaction:
+        cached = (transaction, {})
+        session.info[_SUBSCRIPTIONS] = cached
+    by_team: dict[int, list[tuple[int, list[str]]]] = cached[1]
+    return by_team
 
 
 def _live_subscriptions(session: Session, team_id: int) -> list[tuple[int, list[str]]]:
@@ -173,16 +221,9 @@ def _live_subscriptions(session: Session, team_id: int) -> list[tuple[int, list[
     a job that went from PENDING to SUCCEEDED between two polls, a submission and its note). Never across
     transactions: a subscription made or deleted in another process
     counts from the next transaction on."""
-    transaction = session.get_transaction()
-    cached = session.info.get(_SUBSCRIPTIONS)
-    if cached is None or cached[0] is not transaction:
-        cached = (transaction, {})
-        session.info[_SUBSCRIPTIONS] = cached
-    by_team: dict[int, list[tuple[int, list[str]]]] = cached[1]
+    by_team = _transaction_cache(session)
     if team_id not in by_team:
-        rows = session.execute(select(Webhook.id, Webhook.events).where(
-            Webhook.deleted_at.is_(None), Webhook.disabled_at.is_(None),
-            or_(Webhook.team_id.is_(None), Webhook.team_id == team_id))).all()
+        rows = session.execute(select(Webhook.id, Webhook.events).where(live_for(team_id))).all()
         by_team[team_id] = [(webhook_id, list(patterns or [])) for webhook_id, patterns in rows]
     return by_team[team_id]
 
@@ -191,20 +232,40 @@ def enqueue(session: Session, job: Job, event: Event) -> int:
     """One pending outbox row per live subscription `event` matches (the job's team's and every
     team's), in the caller's transaction; returns how many. The body is fixed here, so every
     attempt sends what was true when the event was written. Flushes only when something matches."""
-    wanted = [webhook_id for webhook_id, patterns in _live_subscriptions(session, job.team_id)
-              if matches(patterns, event.kind)]
-    if not wanted:
+    if not _wanted(session, job.team_id, event.kind):
         return 0
     session.flush()  # the event's id and time, which the body carries
     team = session.get(Team, job.team_id)
-    payload = {"id": event.id, "type": event.kind, "created_at": event.at.isoformat(),
-               "team": team.name if team else None, "job": job_view(job, team.name if team else ""),
-               "message": event.message, "data": event.data}
+    name = team.name if team else ""
+    return enqueue_written(session, job.team_id, job_view(job, name),
+                           WrittenEvent(event.id, event.kind, event.at, event.message, event.data))
+
+
+@dataclass(frozen=True, slots=True)
+class WrittenEvent:
+    """An event row already inserted in this transaction (by a Core statement, with its id)."""
+
+    id: int
+    kind: str
+    at: datetime
+    message: str
+    data: dict[str, Any]
+
+
+def enqueue_written(session: Session, team_id: int, job: dict[str, Any], event: WrittenEvent) -> int:
+    """`enqueue` for an event already written: `job` is its `job_view`, `team_id` the job's team."""
+    wanted = _wanted(session, team_id, event.kind)
     now = utcnow()
+    payload = {"id": event.id, "type": event.kind, "created_at": event.at.isoformat(), "team": job["team"] or None,
+               "job": job, "message": event.message, "data": event.data}
     for webhook_id in wanted:
         session.add(OutboxEntry(webhook_id=webhook_id, event_id=event.id, payload=payload, state=OutboxState.PENDING,
                                 attempts=0, next_attempt_at=now, retry_from=now))
     return len(wanted)
+
+
+def _wanted(session: Session, team_id: int, kind: str) -> list[int]:
+    return [webhook_id for webhook_id, patterns in _live_subscriptions(session, team_id) if matches(patterns, kind)]
 
 
 def list_deliveries(session: Session, webhook: Webhook, *, limit: int = 50,

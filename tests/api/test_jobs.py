@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
+from sqlalchemy import event
 
 from service.api.views import job_out
 from service.failures import FailureClass
@@ -37,6 +39,39 @@ def test_submit_plans_and_queues(env: Env, admin: dict[str, str]) -> None:
     assert [e["kind"] for e in events] == ["job.queued"]
     # The 201 is rendered from the inserted row without a read back: it is the job as any read gives it.
     assert job == env.client.get(f"/v1/jobs/{job['id']}", headers=admin).json()
+
+
+def test_a_submission_is_five_statements_the_token_the_team_the_pools_the_job_and_its_event(
+        env: Env, admin: dict[str, str]) -> None:
+    """What a submission costs the database, the number that bounds submissions per second: the token
+    check, then in one transaction one read of the team (with its quota and whether a webhook gets
+    its events), one of the pools, one INSERT of the job and one of its event. With an
+    `Idempotency-Key`, a lookup of the key first and one INSERT of it more."""
+    member = env.headers(env.token("member", team="alpha"))
+    assert submit(env, member, tiny(name="warm")).status_code == 201  # plans it: the next ones hit the cache
+    seen: list[str] = []
+
+    def record(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+        while "(" in statement:  # the top-level statement only: subqueries and column lists out
+            statement = re.sub(r"\([^()]*\)", "", statement)
+        words = statement.split()
+        verb = words[0].upper()
+        if verb in ("BEGIN", "COMMIT", "ROLLBACK") or "calibration_" in statement:  # calibration: read per TTL
+            return
+        table = words[words.index("INTO") + 1] if verb == "INSERT" else words[words.index("FROM") + 1]
+        seen.append(f"{verb} {table.strip(chr(34))}")
+
+    event.listen(env.app.state.engine, "before_cursor_execute", record)
+    try:
+        assert submit(env, member, tiny(name="counted", priority=1)).status_code == 201
+        plain = list(seen)
+        seen.clear()
+        assert submit(env, member, tiny(name="keyed"), key="k-1").status_code == 201
+    finally:
+        event.remove(env.app.state.engine, "before_cursor_execute", record)
+    assert plain == ["SELECT api_tokens", "SELECT teams", "SELECT pools", "INSERT jobs", "INSERT events"]
+    assert seen == ["SELECT api_tokens", "SELECT idempotency_keys", "SELECT teams", "SELECT pools", "INSERT jobs",
+                    "INSERT events", "INSERT idempotency_keys"]
 
 
 def test_same_key_same_body_returns_the_first_job(env: Env, admin: dict[str, str]) -> None:
