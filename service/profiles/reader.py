@@ -57,11 +57,13 @@ class _Scanner:
         self.eof = False
         self.decoder = json.JSONDecoder()
 
-    def _fill(self) -> bool:
+    def _fill(self, chars: int = CHUNK_CHARS) -> bool:
+        """Read up to `chars` more characters into the buffer (dropping what was consumed); False at
+        the end of the file."""
         if self.eof:
             return False
         try:
-            chunk = self.fh.read(CHUNK_CHARS)
+            chunk = self.fh.read(chars)
         except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
             raise TraceError(self.path, f"truncated or corrupt gzip stream ({exc})") from exc
         except UnicodeDecodeError as exc:
@@ -124,9 +126,13 @@ class _Scanner:
         )
 
     def _need_more(self) -> bool:
-        if len(self.buf) - self.pos > self.max_value_chars:
+        """Read on for a value that does not end in the buffer. As much again as the value holds so
+        far (at least a chunk, at most up to the limit): each decode attempt rescans the value from
+        its start, so growing it a chunk at a time would cost time quadratic in its size."""
+        pending = len(self.buf) - self.pos
+        if pending > self.max_value_chars:
             self._too_large()
-        return self._fill()
+        return self._fill(max(CHUNK_CHARS, min(pending, self.max_value_chars + 1 - pending)))
 
 
 @dataclass(frozen=True)

@@ -247,3 +247,25 @@ def test_peak_memory_is_one_ranks_not_all_ranks(tmp_path: Path) -> None:
     _, one = _peak_of(lambda: analyze_traces(files[:1]))
     _, six = _peak_of(lambda: analyze_traces(files))
     assert six < 1.5 * one, f"one rank peaks at {one} bytes, six at {six}"
+
+
+def test_a_large_value_under_the_limit_is_rescanned_a_logarithmic_number_of_times(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 16 MiB metadata value is read whole. Each decode attempt of a value that does not end in the
+    buffer rescans it from its start, so the reader reads on by as much again as it holds: about
+    log2(16 MiB / 64 KiB) = 8 attempts for it (14 for the whole file), where a chunk at a time would
+    take 256 and time quadratic in the value's size (261 for the file)."""
+    attempts = [0]
+
+    class Counting(json.JSONDecoder):
+        def raw_decode(self, s: str, idx: int = 0) -> tuple[object, int]:
+            attempts[0] += 1
+            return super().raw_decode(s, idx)
+
+    monkeypatch.setattr("service.profiles.reader.json.JSONDecoder", Counting)
+    big = "x" * (16 << 20)
+    p = tmp_path / "big.json"
+    p.write_text('{"traceEvents": [], "deviceProperties": "' + big + '", "schemaVersion": 1}')
+    meta = read_trace(p, lambda _: None)
+    assert meta["deviceProperties"] == big and meta["schemaVersion"] == 1
+    assert attempts[0] <= 16, f"{attempts[0]} decode attempts for one 16 MiB value"
