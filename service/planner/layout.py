@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from service.planner.hardware import Cluster
@@ -64,7 +64,9 @@ class Layout:
         return (self.dp * self.cp) // self.shard_group
 
     def to_dict(self) -> dict[str, object]:
-        return asdict(self)
+        """The fields by name. Every field is a scalar, so this is `dataclasses.asdict` without its
+        recursive deep copy (a submission's event carries it)."""
+        return {name: getattr(self, name) for name in _LAYOUT_FIELDS}
 
     def short(self) -> str:
         """One line, e.g. `fsdp dp=8 tp=1 pp=1 cp=1 mb=2x4 ac=full`."""
@@ -92,6 +94,9 @@ class Layout:
             self.virtual_stages,
             self.tp * self.pp * self.cp,
         )
+
+
+_LAYOUT_FIELDS = tuple(f.name for f in fields(Layout))
 
 
 def mesh_problems(shape: ModelShape, cluster: Cluster, global_batch: int, dp: int, tp: int, pp: int,

@@ -269,3 +269,14 @@ def test_the_search_builds_layouts_field_by_field() -> None:
     assert base.layout() == dataclasses.replace(built, micro_batch=1, grad_accum_steps=1,
                                                 activation_checkpointing="none", pipeline_schedule=None,
                                                 virtual_stages=1, offload="none")
+
+
+def test_a_layouts_dict_is_all_its_fields_as_asdict_gives_them() -> None:
+    """`Layout.to_dict` (what events and reports carry) is a shallow copy: it equals `dataclasses.asdict`
+    for every layout the search considers, so no field may become a nested value unnoticed."""
+    result = plan(make_spec(model={"preset": "llama-3.1-8b"}, resources={"gpu": "H100-SXM-80GB", "nodes": 2,
+                                                                        "gpus_per_node": 8}))
+    layouts = [result.layout, *(alt.layout for alt in result.alternatives)]
+    assert len(layouts) > 1
+    for layout in layouts:
+        assert layout.to_dict() == dataclasses.asdict(layout)
