@@ -24,7 +24,7 @@ from service.store.jobs import NewJob
 from service.store.models import Event, IdempotencyKey, Job, Team, TeamQuotaRow, utcnow
 from service.store.tokens import ensure_team
 from service.store.vocab import EventKind, JobStatus
-from service.store.webhooks import WrittenEvent, enqueue_written, job_view, known_unsubscribed, subscribed
+from service.store.webhooks import WrittenEvent, enqueue_written, known_unsubscribed, subscribed
 
 QUEUED_MESSAGE = "planned and queued"
 QUEUED_KIND = EventKind.status(JobStatus.QUEUED)
@@ -123,7 +123,7 @@ def insert_jobs(session: Session, batch: Sequence[NewJob], *, actor: str,
                       predicted_step_s=row["predicted_step_s"], spec=new.spec, plan=new.plan)
             for job_id, row, new in zip(ids, rows, batch, strict=True)]
     for job, event_id, event_data in zip(jobs, event_ids, data, strict=True):
-        enqueue_written(session, job.team_id, job_view(job, job.team_name),
+        enqueue_written(session, job.team_id, job.team_name, job,
                         WrittenEvent(event_id, QUEUED_KIND, now, QUEUED_MESSAGE, event_data))
     if idempotency is not None:
         scope, key, digest = idempotency

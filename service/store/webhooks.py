@@ -236,8 +236,7 @@ def enqueue(session: Session, job: Job, event: Event) -> int:
         return 0
     session.flush()  # the event's id and time, which the body carries
     team = session.get(Team, job.team_id)
-    name = team.name if team else ""
-    return enqueue_written(session, job.team_id, job_view(job, name),
+    return enqueue_written(session, job.team_id, team.name if team else "", job,
                            WrittenEvent(event.id, event.kind, event.at, event.message, event.data))
 
 
@@ -252,12 +251,14 @@ class WrittenEvent:
     data: dict[str, Any]
 
 
-def enqueue_written(session: Session, team_id: int, job: dict[str, Any], event: WrittenEvent) -> int:
-    """`enqueue` for an event already written: `job` is its `job_view`, `team_id` the job's team."""
+def enqueue_written(session: Session, team_id: int, team: str, job: JobFacts, event: WrittenEvent) -> int:
+    """`enqueue` for an event already written, of `job` in team `team_id` named `team`."""
     wanted = _wanted(session, team_id, event.kind)
+    if not wanted:
+        return 0
     now = utcnow()
-    payload = {"id": event.id, "type": event.kind, "created_at": event.at.isoformat(), "team": job["team"] or None,
-               "job": job, "message": event.message, "data": event.data}
+    payload = {"id": event.id, "type": event.kind, "created_at": event.at.isoformat(), "team": team or None,
+               "job": job_view(job, team), "message": event.message, "data": event.data}
     for webhook_id in wanted:
         session.add(OutboxEntry(webhook_id=webhook_id, event_id=event.id, payload=payload, state=OutboxState.PENDING,
                                 attempts=0, next_attempt_at=now, retry_from=now))
