@@ -116,7 +116,7 @@ def insert_jobs(session: Session, batch: Sequence[NewJob], *, actor: str,
     data = [{"layout": new.plan.layout.to_dict(), "step_s": new.plan.time.step_s} for new in batch]
     events = [{"job_id": job_id, "at": now, "actor": actor, "kind": QUEUED_KIND, "message": QUEUED_MESSAGE,
                "data": event_data} for job_id, event_data in zip(ids, data, strict=True)]
-    event_ids = conn.execute(_INSERT_EVENTS, _params(events)).scalars()
+    event_ids = list(conn.execute(_INSERT_EVENTS, _params(events)).scalars())
     jobs = [QueuedJob(id=job_id, name=row["name"], team_id=new.team.id, team_name=new.team.name,
                       status=JobStatus.QUEUED, backend=row["backend"], priority=row["priority"], created_at=now,
                       updated_at=now, finished_at=None, layout=row["layout"],
