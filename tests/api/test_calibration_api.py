@@ -14,6 +14,7 @@ from service.planner.calibration import family
 from service.planner.result import Plan
 from service.store import calibration as store_calibration
 from tests.db_fixtures import Env
+from tests.reports import report
 from tests.specs import tiny
 
 
@@ -22,20 +23,6 @@ def submit(env: Env, admin: dict[str, str], name: str) -> tuple[int, Plan]:
     assert r.status_code == 201, r.text
     body = r.json()
     return body["id"], Plan.model_validate(body["plan"])
-
-
-def report(plan: Plan, *, step: float, memory: float, status: str = "succeeded") -> dict[str, Any]:
-    """A runtime report (workers/runtime/report.py) measuring `step` x the plan's step time and
-    `memory` x its peak allocated bytes."""
-    m = plan.memory
-    peak = m.total - m.runtime_overhead - m.allocator_margin
-    return {"status": status, "plan": plan.name, "layout": plan.layout.to_dict(), "world_size": plan.world_size,
-            "device": "cpu", "steps": 5,
-            "predicted": {"params": m.params, "grads": m.grads, "optimizer": m.optimizer, "peak_allocated": peak,
-                          "peak_reserved": m.total - m.runtime_overhead, "total": m.total,
-                          "step_s": plan.time.step_s, "tokens_per_s": plan.time.tokens_per_s, "mfu": plan.time.mfu},
-            "measured": {"step_s": plan.time.step_s * step, "peak": peak * memory},
-            "ratios": {"step_s": step, "peak": memory}}
 
 
 def finish(env: Env, admin: dict[str, str], name: str, *, step: float, memory: float,

@@ -16,8 +16,8 @@ from service.store.models import Attempt, Job, Measurement
 from service.store.states import JobStatus, transition
 from service.store.tokens import Principal
 from service.store.vocab import AttemptStatus, MeasurementKind, Role
-from tests.api.test_calibration_api import report
 from tests.db_fixtures import Env
+from tests.reports import report
 from tests.specs import tiny
 
 
