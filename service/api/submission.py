@@ -33,7 +33,7 @@ from service.spec import TrainingSpec
 from service.store.jobs import NewJob, body_hash, find_idempotent, idempotency_scope, visible_job
 from service.store.pools import SourcedPool, effective_pools, managed, matching
 from service.store.submissions import QueuedJob, SubmittingTeam, insert_jobs, submitting_team
-from service.store.tokens import NotFound, Principal
+from service.store.tokens import NotFound, Principal, no_such_team
 from service.store.vocab import Role
 
 DEFAULT_TEAM = "default"
@@ -277,7 +277,7 @@ def resolve_team(session: Session, name: str) -> SubmittingTeam:
     other teams are created on purpose (POST /v1/teams): `NotFound` naming the fix."""
     team = submitting_team(session, name, create=name == DEFAULT_TEAM)
     if team is None:
-        raise NotFound(f"no team named {name!r}; create it with POST /v1/teams")
+        raise no_such_team(name)
     return team
 
 

@@ -45,10 +45,4 @@ def put_quotas_by_name(session: Session, quotas: dict[str, TeamQuota]) -> None:
         put_quota(session, ensure_team(session, name), quota)
 
 
-def max_priority(session: Session, team: Team) -> int | None:
-    """The highest priority the team's members may set; None when it has no quota declared (no limit)."""
-    quota = get_quota(session, team)
-    return None if quota is None else quota.max_priority
-
-
-__all__ = ["all_quotas", "get_quota", "max_priority", "put_quota", "put_quotas_by_name"]
+__all__ = ["all_quotas", "get_quota", "put_quota", "put_quotas_by_name"]

@@ -74,19 +74,28 @@ class QueuedJob:
     name: str
     team_id: int
     team_name: str
-    status: JobStatus
     backend: BackendKind
     priority: int
     created_at: datetime
-    updated_at: datetime
-    finished_at: datetime | None
     layout: str
     predicted_step_s: float | None
     spec: TrainingSpec
     plan: Plan
 
+    @property
+    def status(self) -> JobStatus:
+        return JobStatus.QUEUED
 
-def queued_values(new: NewJob, *, actor: str, now: datetime) -> dict[str, Any]:
+    @property
+    def updated_at(self) -> datetime:
+        return self.created_at
+
+    @property
+    def finished_at(self) -> datetime | None:
+        return None
+
+
+def _queued_values(new: NewJob, *, actor: str, now: datetime) -> dict[str, Any]:
     """The QUEUED row of `new`, with the list-view columns copied from its plan."""
     spec, plan = new.spec, new.plan
     return {"name": spec.name, "team_id": new.team.id, "status": JobStatus.QUEUED, "backend": spec.backend.kind,
@@ -111,15 +120,14 @@ def insert_jobs(session: Session, batch: Sequence[NewJob], *, actor: str,
     if not batch:
         return []
     conn, now = session.connection(), utcnow()
-    rows = [queued_values(new, actor=actor, now=now) for new in batch]
+    rows = [_queued_values(new, actor=actor, now=now) for new in batch]
     ids = list(conn.execute(_INSERT_JOBS, _params(rows)).scalars())
     data = [{"layout": new.plan.layout.to_dict(), "step_s": new.plan.time.step_s} for new in batch]
     events = [{"job_id": job_id, "at": now, "actor": actor, "kind": QUEUED_KIND, "message": QUEUED_MESSAGE,
                "data": event_data} for job_id, event_data in zip(ids, data, strict=True)]
     event_ids = list(conn.execute(_INSERT_EVENTS, _params(events)).scalars())
     jobs = [QueuedJob(id=job_id, name=row["name"], team_id=new.team.id, team_name=new.team.name,
-                      status=JobStatus.QUEUED, backend=row["backend"], priority=row["priority"], created_at=now,
-                      updated_at=now, finished_at=None, layout=row["layout"],
+                      backend=row["backend"], priority=row["priority"], created_at=now, layout=row["layout"],
                       predicted_step_s=row["predicted_step_s"], spec=new.spec, plan=new.plan)
             for job_id, row, new in zip(ids, rows, batch, strict=True)]
     for job, event_id, event_data in zip(jobs, event_ids, data, strict=True):
@@ -137,4 +145,4 @@ def _params(rows: list[dict[str, Any]]) -> list[dict[str, Any]] | dict[str, Any]
     return rows[0] if len(rows) == 1 else rows
 
 
-__all__ = ["QUEUED_MESSAGE", "QueuedJob", "SubmittingTeam", "insert_jobs", "queued_values", "submitting_team"]
+__all__ = ["QUEUED_MESSAGE", "QueuedJob", "SubmittingTeam", "insert_jobs", "submitting_team"]

@@ -63,8 +63,13 @@ def create_team(session: Session, name: str) -> Team:
 def team_by_name(session: Session, name: str) -> Team:
     team = session.scalar(select(Team).where(Team.name == name))
     if team is None:
-        raise NotFound(f"no team named {name!r}; create it with POST /v1/teams")
+        raise no_such_team(name)
     return team
+
+
+def no_such_team(name: str) -> NotFound:
+    """The `NotFound` of a team that does not exist, with the fix: teams are created on purpose."""
+    return NotFound(f"no team named {name!r}; create it with POST /v1/teams")
 
 
 def ensure_team(session: Session, name: str) -> Team:

@@ -232,11 +232,12 @@ def enqueue(session: Session, job: Job, event: Event) -> int:
     """One pending outbox row per live subscription `event` matches (the job's team's and every
     team's), in the caller's transaction; returns how many. The body is fixed here, so every
     attempt sends what was true when the event was written. Flushes only when something matches."""
-    if not _wanted(session, job.team_id, event.kind):
+    wanted = _wanted(session, job.team_id, event.kind)
+    if not wanted:
         return 0
     session.flush()  # the event's id and time, which the body carries
     team = session.get(Team, job.team_id)
-    return enqueue_written(session, job.team_id, team.name if team else "", job,
+    return _add_deliveries(session, wanted, team.name if team else "", job,
                            WrittenEvent(event.id, event.kind, event.at, event.message, event.data))
 
 
@@ -254,8 +255,10 @@ class WrittenEvent:
 def enqueue_written(session: Session, team_id: int, team: str, job: JobFacts, event: WrittenEvent) -> int:
     """`enqueue` for an event already written, of `job` in team `team_id` named `team`."""
     wanted = _wanted(session, team_id, event.kind)
-    if not wanted:
-        return 0
+    return _add_deliveries(session, wanted, team, job, event) if wanted else 0
+
+
+def _add_deliveries(session: Session, wanted: list[int], team: str, job: JobFacts, event: WrittenEvent) -> int:
     now = utcnow()
     payload = {"id": event.id, "type": event.kind, "created_at": event.at.isoformat(), "team": team or None,
                "job": job_view(job, team), "message": event.message, "data": event.data}
