@@ -529,6 +529,8 @@ class _Cycle:
                     j, own_freed=o2 + own_release, lend_extra=l2) is None):
                 chosen.pop(i)
                 freed, own, lend_extra = f2, o2, l2
+        if not chosen:  # what is already being released makes room: nothing to preempt, `j` waits for it
+            return None
         return [r for r, _ in chosen], {rule for _, rule in chosen}
 
     def _lend_gain(self, r: RunningJob) -> int:

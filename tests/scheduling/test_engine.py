@@ -424,3 +424,22 @@ def test_past_usage_of_a_kind_no_pool_has_counts_in_fair_share_without_failing()
     d = admit(s)
     assert d.order == [2, 1]
     assert [a.job_id for a in d.admitted] == [2, 1]
+
+
+
+def test_no_preemption_when_what_is_being_released_already_makes_room() -> None:
+    """Team t0 is at its quota (nominal 1 + borrowing 2): 2 GPUs in a lower-priority pool with 1 free,
+    and 1 in another pool being released. Its higher-priority job of 1 GPU fits in the free GPU once
+    that release gives the quota back, so nothing is preempted and the job waits for the release. (A
+    preemption without victims used to be chosen here, and writing its reason raised KeyError for a
+    team of no group; Hypothesis found it in tests/scheduling/test_fast_paths.py.)"""
+    pools = [pool("p0", 3, PreemptionPolicy.LOWER_PRIORITY, backend="kubernetes"),
+             pool("p2", 1, PreemptionPolicy.NEVER)]
+    running = [run(1001, "t0", 2, pool_name="p0", started=NOW - 600, checkpoint=NOW - 600),
+               run(1002, "t0", 1, pool_name="p2", started=NOW, preemptible=False)]
+    s = snap(pools, {"t0": quota(1, borrow=2)}, running=running,
+             waiting=[wait(1, "t0", 1, priority=1, backend="kubernetes")])
+    for reasons in (True, False):
+        d = admit(s, reasons=reasons)
+        assert d.preempted == [] and d.admitted == []
+    assert "quota is in use" in admit(s).waiting[1][0].message
