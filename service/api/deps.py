@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import anyio.to_thread
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.api.errors import ApiError
@@ -98,7 +98,13 @@ def token_principal(engine: Engine, secret: str, settings: Settings) -> Principa
     """The principal behind a bearer secret, or None (`authenticate`). One read on a Core connection
     outside a transaction (`one_statement`): no ORM session, no BEGIN and COMMIT around it."""
     with one_statement(engine) as conn:
-        return authenticate(conn, secret, job_token_grace_s=settings.job_token_grace_s)
+        return connection_principal(conn, secret, settings)
+
+
+def connection_principal(conn: Connection, secret: str, settings: Settings) -> Principal | None:
+    """`token_principal` on a connection the caller holds (the heartbeat shortcut's, which then stores
+    the heartbeat on it)."""
+    return authenticate(conn, secret, job_token_grace_s=settings.job_token_grace_s)
 
 
 def _principal(request: Request, db: sessionmaker[Session], credentials: HTTPAuthorizationCredentials | None

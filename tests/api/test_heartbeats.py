@@ -3,13 +3,21 @@ and read back, who may report them, and when a job's token stops being able to."
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
+from typing import Any
 
-from sqlalchemy import update
+import pytest
+from sqlalchemy import event, update
 
+from service.api import deps
+from service.api.app import SHORTCUT_BODY_BYTES
 from service.store.models import Job, utcnow
 from service.store.tokens import revoke_token
 from tests.db_fixtures import Env
+from tests.log_capture import captured_logs
 from tests.specs import tiny
 
 BEAT = {"kind": "heartbeat", "data": {"step": 20, "loss": 2.25, "tokens_per_s": 4096.5}}
@@ -88,3 +96,104 @@ def test_a_heartbeat_no_database_can_keep_is_a_422_and_stores_nothing(env: Env, 
                             headers={**token, "Content-Type": "application/json"})
         assert r.status_code == 422 and r.json()["error"]["code"] == "validation_error", r.text
     assert env.client.get(f"/v1/jobs/{job_id}", headers=admin).json()["measurements"] == {}
+
+
+# --- the request gate's shortcut (`service.api.app.SHORTCUTS`, `jobs.heartbeat_shortcut`) -------------
+
+@contextmanager
+def _counted(env: Env, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, int]]:
+    """Token lookups and connection checkouts while open."""
+    counts = {"lookups": 0, "checkouts": 0}
+    real = deps.authenticate
+
+    def counted(conn: Any, secret: str, **kw: Any) -> Any:
+        counts["lookups"] += 1
+        return real(conn, secret, **kw)
+
+    def checkout(*_: Any) -> None:
+        counts["checkouts"] += 1
+
+    monkeypatch.setattr(deps, "authenticate", counted)
+    engine = env.app.state.engine
+    event.listen(engine, "checkout", checkout)
+    try:
+        yield counts
+    finally:
+        event.remove(engine, "checkout", checkout)
+
+
+def test_a_heartbeat_is_one_token_lookup_on_one_connection(env: Env, admin: dict[str, str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The token check and the insert share one connection (one thread hop): the gate's own token check
+    and the route would take one each. Logged with the job token's id, as the route's request is."""
+    job_id = _job(env, admin)
+    secret = env.token("job", job_id=job_id)
+    with _counted(env, monkeypatch) as counts, captured_logs() as logs:
+        r = env.client.post(f"/v1/jobs/{job_id}/measurements", json=BEAT, headers=env.headers(secret))
+    assert r.status_code == 201, r.text
+    assert counts == {"lookups": 1, "checkouts": 1}
+    [line] = logs.records("shardctl.access")
+    assert (line["route"], line["status"], line["principal"]) == \
+        ("/v1/jobs/{job_id}/measurements", 201, secret.split("_", 2)[1])
+    assert env.client.get(f"/v1/jobs/{job_id}", headers=admin).json()["measurements"]["heartbeat"] == r.json()
+
+
+def test_a_heartbeat_the_shortcut_declines_gets_the_routes_answer_with_one_token_lookup(
+        env: Env, admin: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A member's token (403) and another job's id (404) are found out after the token was looked up:
+    the gate keeps the principal for the route instead of looking it up again. Nothing is stored."""
+    mine, other = _job(env, admin), _job(env, admin)
+    job = env.headers(env.token("job", job_id=mine))
+    member = env.headers(env.token("member", team="alpha"))
+    for headers, job_id, status in ((member, mine, 403), (job, other, 404)):
+        with _counted(env, monkeypatch) as counts:
+            r = env.client.post(f"/v1/jobs/{job_id}/measurements", json=BEAT, headers=headers)
+        assert r.status_code == status, r.text
+        assert counts["lookups"] == 1
+    for job_id in (mine, other):
+        assert env.client.get(f"/v1/jobs/{job_id}", headers=admin).json()["measurements"] == {}
+
+
+def test_the_token_is_answered_before_the_body_with_or_without_the_shortcut(env: Env, admin: dict[str, str]) -> None:
+    """A bad token is a 401 whatever the body holds, as for any route: a body the shortcut cannot read
+    (malformed, or not a heartbeat) goes to the gate's checks, which look at the token first."""
+    job_id = _job(env, admin)
+    bogus = {"Authorization": "Bearer shc_0123456789abcdef_not-a-real-secret", "Content-Type": "application/json"}
+    for body in (json.dumps(BEAT).encode(), b'{"kind": "heartbeat", "data": ', b'{"kind": "report", "data": {}}',
+                 b'{"kind": "heartbeat", "data": {"loss": NaN}}'):
+        r = env.client.post(f"/v1/jobs/{job_id}/measurements", content=body, headers=bogus)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized", (body, r.text)
+        assert r.headers["WWW-Authenticate"] == "Bearer"
+    token = env.headers(env.token("job", job_id=job_id))
+    r = env.client.post(f"/v1/jobs/{job_id}/measurements", content=b'{"kind": "heartbeat", "data": ',
+                        headers={**token, "Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "bad_request"
+    r = env.client.post(f"/v1/jobs/{job_id}/measurements", json={"kind": "heartbeat", "data": [1, 2]}, headers=token)
+    assert r.status_code == 422 and r.json()["error"]["fields"][0]["loc"] == "data", r.text
+    for path in ("/v1/jobs/0/measurements", "/v1/jobs/x/measurements", f"/v1/jobs/{2**63}/measurements"):
+        r = env.client.post(path, json=BEAT, headers=token)  # ids the shortcut leaves to the route's `JobId`
+        assert r.status_code == 422 and r.json()["error"]["fields"][0]["loc"] == "path.job_id", (path, r.text)
+    assert env.client.get(f"/v1/jobs/{job_id}", headers=admin).json()["measurements"] == {}
+    r = env.client.post(f"/v1/jobs/0{job_id}/measurements", json=BEAT, headers=token)
+    assert r.status_code == 201, r.text  # the route reads a leading zero as `JobId` always did
+
+
+def test_a_heartbeat_too_large_for_the_shortcut_or_sent_chunked_is_stored_by_the_route_alike(
+        env: Env, admin: dict[str, str]) -> None:
+    """Over `SHORTCUT_BODY_BYTES`, or without a Content-Length, the route stores the heartbeat: the
+    answer has the same shape, headers and media type as the shortcut's."""
+    job_id = _job(env, admin)
+    token = env.headers(env.token("job", job_id=job_id))
+    small = env.client.post(f"/v1/jobs/{job_id}/measurements", json=BEAT, headers=token)
+    large_beat = {"kind": "heartbeat", "data": {**BEAT["data"], "note": "x" * SHORTCUT_BODY_BYTES}}
+    large = env.client.post(f"/v1/jobs/{job_id}/measurements", json=large_beat, headers=token)
+    chunked = env.client.post(f"/v1/jobs/{job_id}/measurements", content=iter([json.dumps(BEAT).encode()]),
+                              headers={**token, "Content-Type": "application/json"})
+    assert "content-length" not in chunked.request.headers
+    for r, sent in ((small, BEAT), (large, large_beat), (chunked, BEAT)):
+        assert r.status_code == 201, r.text
+        assert set(r.json()) == {"kind", "at", "data"} and r.json()["data"] == sent["data"]
+        assert {k for k in r.headers if k != "content-length"} == {k for k in small.headers if k != "content-length"}
+        assert r.headers["content-type"] == "application/json"
+    stored = env.client.get(f"/v1/jobs/{job_id}", headers=admin).json()["measurements"]["heartbeat"]
+    assert stored["at"] >= large.json()["at"]
