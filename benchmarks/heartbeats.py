@@ -17,6 +17,11 @@ server CPU per heartbeat beyond the floor. It prints the implied share of one co
 `--every-s` per second.
 
     .venv/bin/python benchmarks/heartbeats.py [--jobs 1000] [--rounds 3] [--every-s 10] [--postgres-url URL]
+        [--against DIR]
+
+`--against DIR` runs another checkout's API (`git worktree add DIR REV`) beside this tree's, on the same
+database, the two taking turns round by round (the order flipped every other round), and prints both
+and their ratios: one run, one machine state.
 
 It exits 0 whether or not the goal is met: it is a measurement, not a test. Run it on a quiet machine:
 it prints the load average before and after.
@@ -31,12 +36,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
-from api_load import api_server
+from api_load import Server, api_server
 from scratch_db import scratch_database
 from sqlalchemy import JSON, column, insert, table, text
 
@@ -78,54 +85,102 @@ def seed(url: str, n_jobs: int) -> dict[int, str]:
     return tokens
 
 
+@dataclass
+class Measured:
+    """Server CPU per request of one tree's API, per round (ms)."""
+
+    beat_ms: list[float] = field(default_factory=list)
+    health_ms: list[float] = field(default_factory=list)
+    client_ms: list[float] = field(default_factory=list)
+
+    @property
+    def beat(self) -> float:
+        return statistics.median(self.beat_ms)
+
+    @property
+    def health(self) -> float:
+        return statistics.median(self.health_ms)
+
+    @property
+    def own(self) -> float:
+        return self.beat - self.health
+
+
+def one_round(server: Server, tokens: dict[int, str], step: int, into: Measured) -> None:
+    """Every job posts one heartbeat to `server`, then as many `GET /healthz`; adds the figures to `into`."""
+    with httpx.Client(base_url=server.base, timeout=30) as client:
+        def heartbeat(job_id: int, token: str) -> None:
+            r = client.post(f"/v1/jobs/{job_id}/measurements", headers={"Authorization": f"Bearer {token}"},
+                            json={"kind": "heartbeat", "data": {"step": step, "loss": 2.5, "tokens_per_s": 4096.0}})
+            if r.status_code != 201:
+                raise SystemExit(f"heartbeat of job {job_id} answered {r.status_code}: {r.text}")
+
+        for job_id, token in list(tokens.items())[:50]:  # warm-up: the connection, the pool, prepared statements
+            heartbeat(job_id, token)
+            client.get("/healthz")
+        start, mine = server.cpu_seconds(), time.process_time()
+        for job_id, token in tokens.items():
+            heartbeat(job_id, token)
+        into.beat_ms.append((server.cpu_seconds() - start) * 1000 / len(tokens))
+        into.client_ms.append((time.process_time() - mine) * 1000 / len(tokens))
+        start = server.cpu_seconds()
+        for _ in tokens:
+            client.get("/healthz")
+        into.health_ms.append((server.cpu_seconds() - start) * 1000 / len(tokens))
+
+
+def report(label: str, m: Measured, jobs: int, every_s: float) -> None:
+    rate = jobs / every_s
+    print(f"-- {label}")
+    print(f"{'API server CPU':<26} {'ms/request (median of rounds)':>30}  rounds")
+    print(f"{'heartbeat':<26} {m.beat:>30.3f}  " + " ".join(f"{v:.3f}" for v in m.beat_ms))
+    print(f"{'/healthz (the floor)':<26} {m.health:>30.3f}  " + " ".join(f"{v:.3f}" for v in m.health_ms))
+    print(f"{'heartbeat - healthz':<26} {m.own:>30.3f}  goal <= {GOAL_MS:.1f}")
+    print(f"ratio heartbeat/healthz: {m.beat / m.health:.2f}; the load generator's CPU per heartbeat (not"
+          f" counted above): {statistics.median(m.client_ms):.3f} ms")
+    print(f"at {jobs:,} jobs every {every_s:.0f} s ({rate:.0f}/s): {rate * m.beat / 10:.1f}% of one core"
+          f" for the API server, {rate * m.own / 10:.1f}% for the heartbeat's own work; goal under 10%")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--jobs", type=int, default=1000)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--every-s", type=float, default=10.0)
     p.add_argument("--postgres-url", default=os.environ.get("SHARDCTL_TEST_POSTGRES_URL"))
+    p.add_argument("--against", type=Path, default=None, metavar="DIR",
+                   help="another checkout of shardctl (git worktree add DIR REV): its API takes turns with this"
+                        " tree's on the same database, round by round")
     args = p.parse_args(argv)
+    if args.against is not None and not (args.against / "service" / "api" / "app.py").is_file():
+        p.error(f"--against {args.against}: not a shardctl checkout (no service/api/app.py there)")
     base = args.postgres_url or subprocess.run(["bash", "deploy/postgres.sh"], capture_output=True, text=True,
                                                check=True).stdout.strip()
     load = os.getloadavg()
     print(f"== heartbeats: {args.jobs:,} running jobs, one heartbeat each per round, PostgreSQL, the API in its"
           f" own process; load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs")
-    with scratch_database(base, "heartbeats") as url, tempfile.TemporaryDirectory(prefix="shardctl-bench-") as tmp:
+    trees: list[Path | None] = [None] if args.against is None else [None, args.against.resolve()]
+    with scratch_database(base, "heartbeats") as url, tempfile.TemporaryDirectory(prefix="shardctl-bench-") as tmp, \
+            ExitStack() as stack:
         tokens = seed(url, args.jobs)
-        beat_ms: list[float] = []
-        health_ms: list[float] = []
-        client_ms: list[float] = []
-        with api_server(url, 1, Path(tmp)) as server, httpx.Client(base_url=server.base, timeout=30) as client:
-            def heartbeat(job_id: int, token: str, step: int) -> None:
-                r = client.post(f"/v1/jobs/{job_id}/measurements", headers={"Authorization": f"Bearer {token}"},
-                                json={"kind": "heartbeat", "data": {"step": step, "loss": 2.5, "tokens_per_s": 4096.0}})
-                if r.status_code != 201:
-                    raise SystemExit(f"heartbeat of job {job_id} answered {r.status_code}: {r.text}")
-
-            for job_id, token in list(tokens.items())[:50]:  # warm-up: connections, prepared statements
-                heartbeat(job_id, token, 0)
-                client.get("/healthz")
-            for rnd in range(args.rounds):
-                start, mine = server.cpu_seconds(), time.process_time()
-                for job_id, token in tokens.items():
-                    heartbeat(job_id, token, 10 * (rnd + 1))
-                beat_ms.append((server.cpu_seconds() - start) * 1000 / len(tokens))
-                client_ms.append((time.process_time() - mine) * 1000 / len(tokens))
-                start = server.cpu_seconds()
-                for _ in tokens:
-                    client.get("/healthz")
-                health_ms.append((server.cpu_seconds() - start) * 1000 / len(tokens))
-        beat, health = statistics.median(beat_ms), statistics.median(health_ms)
-        own = beat - health
-        rate = args.jobs / args.every_s
-        print(f"{'API server CPU':<26} {'ms/request (median of rounds)':>30}  rounds")
-        print(f"{'heartbeat':<26} {beat:>30.3f}  " + " ".join(f"{v:.3f}" for v in beat_ms))
-        print(f"{'/healthz (the floor)':<26} {health:>30.3f}  " + " ".join(f"{v:.3f}" for v in health_ms))
-        print(f"{'heartbeat - healthz':<26} {own:>30.3f}  goal <= {GOAL_MS:.1f}")
-        print(f"ratio heartbeat/healthz: {beat / health:.2f}; the load generator's CPU per heartbeat (not"
-              f" counted above): {statistics.median(client_ms):.3f} ms")
-        print(f"at {args.jobs:,} jobs every {args.every_s:.0f} s ({rate:.0f}/s): {rate * beat / 10:.1f}% of one core"
-              f" for the API server, {rate * own / 10:.1f}% for the heartbeat's own work; goal under 10%")
+        servers = []
+        for i, tree in enumerate(trees):
+            workdir = Path(tmp) / f"tree-{i}"
+            workdir.mkdir()
+            servers.append(stack.enter_context(api_server(url, 1, workdir, tree)))
+        measured = [Measured() for _ in trees]
+        for rnd in range(args.rounds):
+            order = list(range(len(trees)))
+            if rnd % 2:  # every other round the other tree goes first, so that drift in the machine is shared
+                order.reverse()
+            for i in order:
+                one_round(servers[i], tokens, 10 * (rnd + 1), measured[i])
+        report("this tree", measured[0], args.jobs, args.every_s)
+        if args.against is not None:
+            report(f"{args.against}, taking turns round by round", measured[1], args.jobs, args.every_s)
+            mine, theirs = measured
+            print(f"-- this tree / {args.against}: heartbeat {mine.beat / theirs.beat:.2f},"
+                  f" heartbeat - healthz {mine.own / theirs.own:.2f}, healthz {mine.health / theirs.health:.2f}")
         print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 
