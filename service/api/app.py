@@ -155,13 +155,15 @@ ShortcutTaken = tuple[Principal | None, Response | None]
 """What a shortcut did: (None, None) the token is unknown, revoked or expired (the gate answers 401);
 (principal, answer) it answered; (principal, None) it declined after finding the principal."""
 Shortcut = Callable[[FastAPI, dict[str, str], str, Any], Awaitable[ShortcutTaken | None]]
-"""Called with the app, the path's parameters, the bearer secret and the parsed, storable JSON body.
+"""Called with the app, the path's parameters, the bearer secret and the parsed, storable JSON body (None
+for a route without a body; the query string is the shortcut's to read).
 Returns None to decline before looking the token up. It must store and answer exactly what its route
 would, and answer nothing the route would refuse."""
 
 #: Routes whose commonest request the request gate answers itself (see `RequestGate`).
 SHORTCUTS: dict[tuple[str, str], Shortcut] = {
     ("POST", "/v1/jobs/{job_id}/measurements"): jobs.heartbeat_shortcut,
+    ("GET", "/v1/jobs/{job_id}"): jobs.job_shortcut,
 }
 #: The largest body a shortcut reads before the token is checked: one that came with the headers.
 SHORTCUT_BODY_BYTES = 4096
@@ -183,12 +185,13 @@ class RequestGate:
        range, and `create_job` checks the validated spec again before it is stored).
 
     A route may have a shortcut (`SHORTCUTS`): the gate answers its commonest request itself, in one
-    thread hop that checks the token and does the work, without FastAPI's routing and dependency solving
-    (issue 17: every running job sends a heartbeat every few seconds). It is tried first, for a JSON body
-    that declares a length of at most `SHORTCUT_BODY_BYTES` (so small it came with the headers; a large
-    one still meets the token check before it is read), with a bearer token, and forwarded identity off.
-    A request it declines goes through the checks above and on to the route as any other: the answers,
-    and their order, are the same.
+    thread hop that checks the token and does the work on one connection, without FastAPI's routing and
+    dependency solving (issue 17: every running job sends a heartbeat every few seconds; dashboards and
+    scripts read jobs). It is tried first, with a bearer token and forwarded identity off, and for a
+    route with a body only for a JSON body that declares a length of at most `SHORTCUT_BODY_BYTES` (so
+    small it came with the headers; a large one still meets the token check before it is read). A
+    request it declines goes through the checks above and on to the route as any other, with the
+    principal if the shortcut found it: the answers, and their order, are the same.
 
     Routes without a body, and requests no route matches (404, 405), pass unread. The gate also times
     each request to its first response byte, per route template, for `/metrics`.
@@ -246,17 +249,20 @@ class RequestGate:
         if "\x00" in scope["path"] or b"%00" in scope.get("query_string", b""):
             return errors.error_response(422, "validation_error", "NUL characters are not allowed in requests"), receive
         found = self._route(scope)
-        if found is None or found[1].body is None:
+        if found is None:
             return None, receive
         entry, needs = found
-        scope[ROUTE_SCOPE_KEY] = entry.path  # the latency metric's label for a request refused here
         principal: Principal | None = None
         shortcut = SHORTCUTS.get((scope["method"], entry.path))
         if shortcut is not None:
-            taken, receive = await self._shortcut(shortcut, entry, scope, headers, receive)
+            scope[ROUTE_SCOPE_KEY] = entry.path  # the latency metric's label for a request answered here
+            taken, receive = await self._shortcut(shortcut, entry, needs, scope, headers, receive)
             if isinstance(taken, Response):
                 return taken, receive
             principal = taken
+        if needs.body is None:
+            return None, receive
+        scope[ROUTE_SCOPE_KEY] = entry.path  # the latency metric's label for a request refused here
         if needs.token and principal is None:
             secret = bearer_secret(headers.get("authorization"))
             if self.api.state.settings.forwarded_auth:  # off: not a thread hop more per request
@@ -300,27 +306,28 @@ class RequestGate:
                                              fields=[ErrorField(loc=exc.loc, message=exc.message)]), receive
         return None, _replay(body, receive)
 
-
-    async def _shortcut(self, shortcut: Shortcut, entry: RouteEntry, scope: Scope, headers: Headers,
-                        receive: Receive) -> tuple[Response | Principal | None, Receive]:
+    async def _shortcut(self, shortcut: Shortcut, entry: RouteEntry, needs: RouteNeeds, scope: Scope,
+                        headers: Headers, receive: Receive) -> tuple[Response | Principal | None, Receive]:
         """The shortcut's answer (or a 401 for the token it looked up), else the principal it found, if
         any, for the checks that follow; with the receive channel they read the body from."""
         secret = bearer_secret(headers.get("authorization"))
-        length = headers.get("content-length", "")
-        if secret is None or self.api.state.settings.forwarded_auth or not _is_json(headers.get("content-type", "")) \
-                or not length.isdigit() or int(length) > SHORTCUT_BODY_BYTES:
-            return None, receive
-        body = await _read_body(receive, SHORTCUT_BODY_BYTES)
-        if body is None:
-            return None, receive
-        receive = _replay(body, receive)
         matched = entry.regex.match(scope["path"])
-        try:
-            value = parse_storable_json(body)
-        except (MalformedJson, Unstorable):  # answered after the token check, as without a shortcut
+        if secret is None or matched is None or self.api.state.settings.forwarded_auth:
             return None, receive
-        if matched is None:
-            return None, receive
+        value: Any = None
+        if needs.body is not None:
+            length = headers.get("content-length", "")
+            if not _is_json(headers.get("content-type", "")) or not length.isdigit() \
+                    or int(length) > SHORTCUT_BODY_BYTES:
+                return None, receive
+            body = await _read_body(receive, SHORTCUT_BODY_BYTES)
+            if body is None:
+                return None, receive
+            receive = _replay(body, receive)
+            try:
+                value = parse_storable_json(body)
+            except (MalformedJson, Unstorable):  # answered after the token check, as without a shortcut
+                return None, receive
         taken = await shortcut(self.api, matched.groupdict(), secret, value)
         if taken is None:
             return None, receive

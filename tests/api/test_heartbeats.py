@@ -4,18 +4,15 @@ and read back, who may report them, and when a job's token stops being able to."
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any
 
 import pytest
-from sqlalchemy import event, update
+from sqlalchemy import update
 
-from service.api import deps
 from service.api.app import SHORTCUT_BODY_BYTES
 from service.store.models import Job, utcnow
 from service.store.tokens import revoke_token
+from tests.connection_counts import counted
 from tests.db_fixtures import Env
 from tests.log_capture import captured_logs
 from tests.specs import tiny
@@ -100,35 +97,13 @@ def test_a_heartbeat_no_database_can_keep_is_a_422_and_stores_nothing(env: Env, 
 
 # --- the request gate's shortcut (`service.api.app.SHORTCUTS`, `jobs.heartbeat_shortcut`) -------------
 
-@contextmanager
-def _counted(env: Env, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, int]]:
-    """Token lookups and connection checkouts while open."""
-    counts = {"lookups": 0, "checkouts": 0}
-    real = deps.authenticate
-
-    def counted(conn: Any, secret: str, **kw: Any) -> Any:
-        counts["lookups"] += 1
-        return real(conn, secret, **kw)
-
-    def checkout(*_: Any) -> None:
-        counts["checkouts"] += 1
-
-    monkeypatch.setattr(deps, "authenticate", counted)
-    engine = env.app.state.engine
-    event.listen(engine, "checkout", checkout)
-    try:
-        yield counts
-    finally:
-        event.remove(engine, "checkout", checkout)
-
-
 def test_a_heartbeat_is_one_token_lookup_on_one_connection(env: Env, admin: dict[str, str],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """The token check and the insert share one connection (one thread hop): the gate's own token check
     and the route would take one each. Logged with the job token's id, as the route's request is."""
     job_id = _job(env, admin)
     secret = env.token("job", job_id=job_id)
-    with _counted(env, monkeypatch) as counts, captured_logs() as logs:
+    with counted(env, monkeypatch) as counts, captured_logs() as logs:
         r = env.client.post(f"/v1/jobs/{job_id}/measurements", json=BEAT, headers=env.headers(secret))
     assert r.status_code == 201, r.text
     assert counts == {"lookups": 1, "checkouts": 1}
@@ -146,7 +121,7 @@ def test_a_heartbeat_the_shortcut_declines_gets_the_routes_answer_with_one_token
     job = env.headers(env.token("job", job_id=mine))
     member = env.headers(env.token("member", team="alpha"))
     for headers, job_id, status in ((member, mine, 403), (job, other, 404)):
-        with _counted(env, monkeypatch) as counts:
+        with counted(env, monkeypatch) as counts:
             r = env.client.post(f"/v1/jobs/{job_id}/measurements", json=BEAT, headers=headers)
         assert r.status_code == status, r.text
         assert counts["lookups"] == 1

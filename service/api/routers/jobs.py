@@ -133,13 +133,53 @@ def get_jobs(principal: Caller, request: Request,
     return Response(encoded(page), media_type="application/json")  # a JobPage: FastAPI would validate it again
 
 
+#: A job id in a path as the shortcuts take it; `JobId` is the routes' own check.
+_SHORTCUT_JOB_ID = re.compile(r"[1-9][0-9]{0,18}")
+
+
+def _shortcut_job_id(path_params: dict[str, str]) -> int | None:
+    """The path's job id if it is plainly one `JobId` takes (no sign, no leading zero), else None."""
+    job_id = path_params.get("job_id", "")
+    if _SHORTCUT_JOB_ID.fullmatch(job_id) is None or int(job_id) > 2**63 - 1:
+        return None
+    return int(job_id)
+
+
 @router.get("/{job_id}", response_model=JobOut, responses=ERRORS)
 def get_job(job_id: JobId, principal: Caller, request: Request) -> Response:
-    """Core reads outside a transaction (`job_detail`), rendered by pydantic's serializer: the answer is
-    a `JobOut` already, which FastAPI would otherwise validate again through `response_model`."""
+    """Answered by the request gate's `job_shortcut` for a bearer token it finds valid, on a job that
+    token may see: this route answers the rest the same way."""
     with one_statement(request.app.state.engine) as conn:
-        detail = job_detail(conn, principal, job_id)
-    return Response(encoded(detail_out(detail)), media_type="application/json")
+        return job_answer(conn, principal, job_id)
+
+
+def job_answer(conn: Connection, principal: Principal, job_id: int) -> Response:
+    """Job `job_id` as `principal` may see it (`NotFound` otherwise): Core reads outside a transaction
+    (`job_detail`), rendered by pydantic's serializer. The answer is a `JobOut` already, which FastAPI
+    would otherwise validate again through `response_model`."""
+    return Response(encoded(detail_out(job_detail(conn, principal, job_id))), media_type="application/json")
+
+
+async def job_shortcut(api: FastAPI, path_params: dict[str, str], secret: str, _body: None
+                       ) -> tuple[Principal | None, Response | None] | None:
+    """`get_job` as the request gate's shortcut (`service.api.app.SHORTCUTS`): the token check and the
+    reads on one connection in one thread hop, where the route takes two of each. A job id `JobId`
+    would refuse, or a job the token may not see, is left to the route (its 422 or 404)."""
+    job_id = _shortcut_job_id(path_params)
+    if job_id is None:
+        return None
+    return await anyio.to_thread.run_sync(_job_with_token, api, secret, job_id)
+
+
+def _job_with_token(api: FastAPI, secret: str, job_id: int) -> tuple[Principal | None, Response | None]:
+    with one_statement(api.state.engine) as conn:
+        principal = connection_principal(conn, secret, api.state.settings)
+        if principal is None:
+            return None, None
+        try:
+            return principal, job_answer(conn, principal, job_id)
+        except NotFound:
+            return principal, None
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, responses=ERRORS)
@@ -315,10 +355,6 @@ def heartbeat_answer(conn: Connection, principal: Principal, job_id: int, data: 
     return answer
 
 
-#: A job id in a path as the heartbeat shortcut takes it; `JobId` is the route's own check.
-_SHORTCUT_JOB_ID = re.compile(r"[1-9][0-9]{0,18}")
-
-
 async def heartbeat_shortcut(api: FastAPI, path_params: dict[str, str], secret: str, body: Any
                              ) -> tuple[Principal | None, Response | None] | None:
     """`report` for a heartbeat, as the request gate's shortcut (`service.api.app.SHORTCUTS`): every
@@ -329,8 +365,8 @@ async def heartbeat_shortcut(api: FastAPI, path_params: dict[str, str], secret: 
     It answers only what `report` would answer the same way: a job id `JobId` takes, a body that
     `MeasurementIn` takes as a heartbeat, a job or admin token, a job that token may see. It declines
     anything else, having stored nothing, and the route answers as it always does (401, 403, 404, 422)."""
-    job_id = path_params.get("job_id", "")
-    if _SHORTCUT_JOB_ID.fullmatch(job_id) is None or int(job_id) > 2**63 - 1:
+    job_id = _shortcut_job_id(path_params)
+    if job_id is None:
         return None
     try:
         measured = MeasurementIn.model_validate(body)
@@ -338,7 +374,7 @@ async def heartbeat_shortcut(api: FastAPI, path_params: dict[str, str], secret: 
         return None
     if measured.kind != MeasurementKind.HEARTBEAT:
         return None
-    return await anyio.to_thread.run_sync(_heartbeat_with_token, api, secret, int(job_id), measured.data)
+    return await anyio.to_thread.run_sync(_heartbeat_with_token, api, secret, job_id, measured.data)
 
 
 def _heartbeat_with_token(api: FastAPI, secret: str, job_id: int, data: dict[str, Any]

@@ -1,0 +1,74 @@
+"""`GET /v1/jobs/{id}` through the request gate's shortcut (`service.api.app.SHORTCUTS`,
+`routers.jobs.job_shortcut`) and through the route, on SQLite and PostgreSQL: one token lookup on one
+connection, and the same answers either way."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.connection_counts import counted
+from tests.db_fixtures import Env
+from tests.log_capture import captured_logs
+from tests.specs import tiny
+
+BEAT = {"kind": "heartbeat", "data": {"step": 3, "loss": 1.5}}
+
+
+def _job(env: Env, headers: dict[str, str]) -> int:
+    r = env.client.post("/v1/jobs", json=tiny(), headers=headers)
+    assert r.status_code == 201, r.text
+    return int(r.json()["id"])
+
+
+def test_a_job_is_read_with_one_token_lookup_on_one_connection(env: Env, admin: dict[str, str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The token check and the job's reads share one connection (one thread hop), where the gate's
+    dependency and the route would take one each; logged with the token's id and the route's template."""
+    job_id = _job(env, admin)
+    secret = env.token("member", team="default")
+    with counted(env, monkeypatch) as counts, captured_logs() as logs:
+        r = env.client.get(f"/v1/jobs/{job_id}", headers=env.headers(secret))
+    assert r.status_code == 200, r.text
+    assert counts == {"lookups": 1, "checkouts": 1}
+    assert r.json()["id"] == job_id and r.json()["team"] == "default"
+    [line] = logs.records("shardctl.access")
+    assert (line["route"], line["status"], line["principal"]) == ("/v1/jobs/{job_id}", 200, secret.split("_", 2)[1])
+
+
+def test_the_shortcut_and_the_route_answer_a_job_alike(env: Env, admin: dict[str, str]) -> None:
+    """`/v1/jobs/0<id>` is the same job to `JobId`, but not a plain id to the shortcut: the route answers
+    it. Both answers carry the same bytes and headers (the job, its attempts and its newest measurements)."""
+    job_id = _job(env, admin)
+    job_token = env.headers(env.token("job", job_id=job_id))
+    assert env.client.post(f"/v1/jobs/{job_id}/measurements", json=BEAT, headers=job_token).status_code == 201
+    for headers in (admin, job_token):
+        short = env.client.get(f"/v1/jobs/{job_id}", headers=headers)
+        routed = env.client.get(f"/v1/jobs/0{job_id}", headers=headers)
+        assert short.status_code == routed.status_code == 200
+        assert short.content == routed.content
+        assert short.json()["measurements"]["heartbeat"]["data"] == BEAT["data"]
+        assert {k: v for k, v in short.headers.items() if k != "x-request-id"} == \
+            {k: v for k, v in routed.headers.items() if k != "x-request-id"}
+
+
+def test_what_the_shortcut_declines_gets_the_routes_answer(env: Env, admin: dict[str, str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another team's job and a missing one are the same 404 (nothing leaks), found with one token
+    lookup; a bad or missing token is a 401 with `WWW-Authenticate`; an id `JobId` refuses is its 422."""
+    theirs = _job(env, env.headers(env.token("member", team="beta")))
+    mine = env.headers(env.token("member", team="alpha"))
+    answers = []
+    for job_id in (theirs, theirs + 1000):
+        with counted(env, monkeypatch) as counts:
+            r = env.client.get(f"/v1/jobs/{job_id}", headers=mine)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", r.text
+        assert counts["lookups"] == 1
+        answers.append(r.json()["error"]["message"].replace(str(job_id), "N"))
+    assert answers[0] == answers[1]
+    for headers in ({"Authorization": "Bearer shc_0123456789abcdef_not-a-real-secret"}, {}):
+        r = env.client.get(f"/v1/jobs/{theirs}", headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized", r.text
+        assert r.headers["WWW-Authenticate"] == "Bearer"
+    for path in ("/v1/jobs/0", f"/v1/jobs/{2**63}", "/v1/jobs/-1"):
+        r = env.client.get(path, headers=admin)
+        assert r.status_code == 422 and r.json()["error"]["fields"][0]["loc"] == "path.job_id", (path, r.text)
