@@ -8,7 +8,7 @@ and that a JSON body can be stored, so that a route only ever sees a body it can
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -51,6 +51,7 @@ from service.api.routers import events, health, job_batches, jobs, logs, plans, 
 from service.api.routers import pools as pool_routes
 from service.api.routers import scheduling as scheduling_routes
 from service.api.schemas import ErrorField
+from service.api.shortcuts import Shortcut, ShortcutRequest
 from service.api.submission import PlanRunner
 from service.api.ui import mount_ui
 from service.api.ui.docs_assets import mount_docs
@@ -151,19 +152,11 @@ def _too_large(limit: int) -> Response:
     return errors.error_response(413, "too_large", f"request body over {limit} bytes")
 
 
-ShortcutTaken = tuple[Principal | None, Response | None]
-"""What a shortcut did: (None, None) the token is unknown, revoked or expired (the gate answers 401);
-(principal, answer) it answered; (principal, None) it declined after finding the principal."""
-Shortcut = Callable[[FastAPI, dict[str, str], str, Any], Awaitable[ShortcutTaken | None]]
-"""Called with the app, the path's parameters, the bearer secret and the parsed, storable JSON body (None
-for a route without a body; the query string is the shortcut's to read).
-Returns None to decline before looking the token up. It must store and answer exactly what its route
-would, and answer nothing the route would refuse."""
-
 #: Routes whose commonest request the request gate answers itself (see `RequestGate`).
 SHORTCUTS: dict[tuple[str, str], Shortcut] = {
     ("POST", "/v1/jobs/{job_id}/measurements"): jobs.heartbeat_shortcut,
     ("GET", "/v1/jobs/{job_id}"): jobs.job_shortcut,
+    ("GET", "/v1/jobs"): jobs.jobs_shortcut,
 }
 #: The largest body a shortcut reads before the token is checked: one that came with the headers.
 SHORTCUT_BODY_BYTES = 4096
@@ -328,7 +321,8 @@ class RequestGate:
                 value = parse_storable_json(body)
             except (MalformedJson, Unstorable):  # answered after the token check, as without a shortcut
                 return None, receive
-        taken = await shortcut(self.api, matched.groupdict(), secret, value)
+        taken = await shortcut(self.api, ShortcutRequest(matched.groupdict(), scope.get("query_string", b""), secret,
+                                                          value))
         if taken is None:
             return None, receive
         principal, answer = taken

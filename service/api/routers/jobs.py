@@ -7,6 +7,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import anyio
@@ -14,9 +15,10 @@ import anyio.to_thread
 from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.datastructures import QueryParams
 from starlette.types import Receive, Scope, Send
 
 from service.api.deps import (
@@ -31,6 +33,7 @@ from service.api.deps import (
 )
 from service.api.errors import INVALID_SPEC, ApiError
 from service.api.schemas import ErrorField, ErrorResponse, EventOut, JobOut, JobPage, MeasurementIn, MeasurementOut
+from service.api.shortcuts import ShortcutRequest, ShortcutTaken
 from service.api.sse import KEEP_ALIVE, sse_message
 from service.api.stream_auth import StreamAuth, as_stream_auth, for_stream
 from service.api.submission import submit_job
@@ -61,6 +64,11 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 ERRORS: dict[int | str, dict[str, object]] = {
     404: {"model": ErrorResponse}, 409: {"model": ErrorResponse}, 422: {"model": ErrorResponse}}
 JobId = Annotated[int, Path(ge=1, le=2**63 - 1, description="The job's id.")]
+#: The job list's defaults and bounds (`get_jobs`, and its shortcut's reading of a query).
+DEFAULT_LIMIT = 50
+DEFAULT_SORT_TEXT: SortText = "-submitted"
+MAX_NAME = 200
+CURSOR = re.compile(r"[A-Za-z0-9_-]{1,600}")
 
 EVENT_STREAM = "text/event-stream"
 #: An event id as the stream sends it: digits, and small enough for a BIGINT comparison.
@@ -112,13 +120,15 @@ def get_jobs(principal: Caller, request: Request,
              status: Annotated[list[JobStatus] | None, Query(description="Repeat to match several.")] = None,
              team: Annotated[Label | None, Query()] = None,
              backend: Annotated[BackendKind | None, Query()] = None,
-             name: Annotated[str | None, Query(max_length=200)] = None,
-             limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+             name: Annotated[str | None, Query(max_length=MAX_NAME)] = None,
+             limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_LIMIT,
              sort: Annotated[SortText, Query(description="The order: a column, descending with a leading `-`;"
-                                             " ties go by job id in the same direction.")] = "-submitted",
-             cursor: Annotated[str | None, Query(pattern=r"^[A-Za-z0-9_-]{1,600}$",
+                                             " ties go by job id in the same direction.")] = DEFAULT_SORT_TEXT,
+             cursor: Annotated[str | None, Query(pattern=f"^{CURSOR.pattern}$",
                                                  description="`next_cursor` of the previous page, with the"
                                                  " same `sort`.")] = None) -> Response:
+    """Answered by the request gate's `jobs_shortcut` for a bearer token it finds valid and a query it
+    reads plainly: this route answers the rest the same way."""
     filters = JobFilter(status=list(status or []), team=team, backend=backend, name=name)
     order = JobSort.parse(sort)
     try:
@@ -127,10 +137,83 @@ def get_jobs(principal: Caller, request: Request,
         raise ApiError(422, "validation_error", f"cursor: {exc}",
                        fields=[ErrorField(loc="query.cursor", message=str(exc))]) from exc
     with one_statement(request.app.state.engine) as conn:  # no ORM session, no BEGIN and COMMIT around it
-        rows, next_cursor = list_job_rows(conn, principal, filters, limit=limit, cursor=after, sort=order)
+        return page_answer(conn, principal, ListQuery(filters, limit, order, after))
+
+
+@dataclass(frozen=True, slots=True)
+class ListQuery:
+    """A page of the job list as asked for: filters, page size, order and where the page starts."""
+
+    filters: JobFilter
+    limit: int
+    order: JobSort
+    after: JobCursor | None
+
+
+def page_answer(conn: Connection, principal: Principal, query: ListQuery) -> Response:
+    """The page of jobs `query` asks for, of those `principal` may see (`list_job_rows`), encoded
+    directly: a `JobPage`, which FastAPI would otherwise validate again."""
+    rows, next_cursor = list_job_rows(conn, principal, query.filters, limit=query.limit, cursor=query.after,
+                                      sort=query.order)
     page = JobPage(items=[job_summary(row, row.team_name) for row in rows],
                    next_cursor=next_cursor.encode() if next_cursor is not None else None)
-    return Response(encoded(page), media_type="application/json")  # a JobPage: FastAPI would validate it again
+    return Response(encoded(page), media_type="application/json")
+
+
+_LABEL: TypeAdapter[str] = TypeAdapter(Label)
+_SORT: TypeAdapter[str] = TypeAdapter(SortText)
+_LIMIT = re.compile(r"[1-9][0-9]{0,5}")
+_SCALARS = frozenset({"team", "backend", "name", "limit", "sort", "cursor"})
+_STATUSES = frozenset(status.value for status in JobStatus)
+
+
+def plain_list_query(query_string: bytes) -> ListQuery | None:
+    """The list query `query_string` asks for when every parameter is one `get_jobs` takes, written
+    plainly (`status` repeated, each other parameter once, a limit without sign or leading zero), and
+    valid as the route would find it; else None, and the route reads it (and answers any 422)."""
+    statuses: list[JobStatus] = []
+    given: dict[str, str] = {}
+    for key, value in QueryParams(query_string).multi_items():
+        if key == "status" and value in _STATUSES:
+            statuses.append(JobStatus(value))
+        elif key in _SCALARS and key not in given:
+            given[key] = value
+        else:
+            return None
+    try:
+        team = _LABEL.validate_python(given["team"]) if "team" in given else None
+        backend = BackendKind(given["backend"]) if "backend" in given else None
+        order = JobSort.parse(_SORT.validate_python(given.get("sort", DEFAULT_SORT_TEXT)))
+    except ValueError:  # pydantic's ValidationError is one
+        return None
+    name, limit, cursor = given.get("name"), given.get("limit", str(DEFAULT_LIMIT)), given.get("cursor")
+    if (name is not None and len(name) > MAX_NAME) or _LIMIT.fullmatch(limit) is None or int(limit) > MAX_PAGE \
+            or (cursor is not None and CURSOR.fullmatch(cursor) is None):
+        return None
+    try:
+        after = JobCursor.decode(cursor, order) if cursor else None
+    except BadCursor:
+        return None
+    return ListQuery(JobFilter(status=statuses, team=team, backend=backend, name=name), int(limit), order, after)
+
+
+async def jobs_shortcut(api: FastAPI, request: ShortcutRequest) -> ShortcutTaken | None:
+    """`get_jobs` as the request gate's shortcut (`service.api.app.SHORTCUTS`): the token check and the
+    page's read on one connection in one thread hop, where the route takes two of each, and the query
+    read by `plain_list_query` instead of FastAPI's parameter solving. A query it does not read plainly
+    is left to the route."""
+    query = plain_list_query(request.query)
+    if query is None:
+        return None
+    return await anyio.to_thread.run_sync(_page_with_token, api, request.secret, query)
+
+
+def _page_with_token(api: FastAPI, secret: str, query: ListQuery) -> ShortcutTaken:
+    with one_statement(api.state.engine) as conn:
+        principal = connection_principal(conn, secret, api.state.settings)
+        if principal is None:
+            return None, None
+        return principal, page_answer(conn, principal, query)
 
 
 #: A job id in a path as the shortcuts take it; `JobId` is the routes' own check.
@@ -160,18 +243,17 @@ def job_answer(conn: Connection, principal: Principal, job_id: int) -> Response:
     return Response(encoded(detail_out(job_detail(conn, principal, job_id))), media_type="application/json")
 
 
-async def job_shortcut(api: FastAPI, path_params: dict[str, str], secret: str, _body: None
-                       ) -> tuple[Principal | None, Response | None] | None:
+async def job_shortcut(api: FastAPI, request: ShortcutRequest) -> ShortcutTaken | None:
     """`get_job` as the request gate's shortcut (`service.api.app.SHORTCUTS`): the token check and the
     reads on one connection in one thread hop, where the route takes two of each. A job id `JobId`
     would refuse, or a job the token may not see, is left to the route (its 422 or 404)."""
-    job_id = _shortcut_job_id(path_params)
+    job_id = _shortcut_job_id(request.path_params)
     if job_id is None:
         return None
-    return await anyio.to_thread.run_sync(_job_with_token, api, secret, job_id)
+    return await anyio.to_thread.run_sync(_job_with_token, api, request.secret, job_id)
 
 
-def _job_with_token(api: FastAPI, secret: str, job_id: int) -> tuple[Principal | None, Response | None]:
+def _job_with_token(api: FastAPI, secret: str, job_id: int) -> ShortcutTaken:
     with one_statement(api.state.engine) as conn:
         principal = connection_principal(conn, secret, api.state.settings)
         if principal is None:
@@ -355,8 +437,7 @@ def heartbeat_answer(conn: Connection, principal: Principal, job_id: int, data: 
     return answer
 
 
-async def heartbeat_shortcut(api: FastAPI, path_params: dict[str, str], secret: str, body: Any
-                             ) -> tuple[Principal | None, Response | None] | None:
+async def heartbeat_shortcut(api: FastAPI, request: ShortcutRequest) -> ShortcutTaken | None:
     """`report` for a heartbeat, as the request gate's shortcut (`service.api.app.SHORTCUTS`): every
     running job sends one every few seconds (issue 17). One thread hop and one connection check the
     token and store the heartbeat, where the route takes two of each (the gate's token check, then the
@@ -365,20 +446,19 @@ async def heartbeat_shortcut(api: FastAPI, path_params: dict[str, str], secret: 
     It answers only what `report` would answer the same way: a job id `JobId` takes, a body that
     `MeasurementIn` takes as a heartbeat, a job or admin token, a job that token may see. It declines
     anything else, having stored nothing, and the route answers as it always does (401, 403, 404, 422)."""
-    job_id = _shortcut_job_id(path_params)
+    job_id = _shortcut_job_id(request.path_params)
     if job_id is None:
         return None
     try:
-        measured = MeasurementIn.model_validate(body)
+        measured = MeasurementIn.model_validate(request.body)
     except ValidationError:
         return None
     if measured.kind != MeasurementKind.HEARTBEAT:
         return None
-    return await anyio.to_thread.run_sync(_heartbeat_with_token, api, secret, job_id, measured.data)
+    return await anyio.to_thread.run_sync(_heartbeat_with_token, api, request.secret, job_id, measured.data)
 
 
-def _heartbeat_with_token(api: FastAPI, secret: str, job_id: int, data: dict[str, Any]
-                          ) -> tuple[Principal | None, Response | None]:
+def _heartbeat_with_token(api: FastAPI, secret: str, job_id: int, data: dict[str, Any]) -> ShortcutTaken:
     with one_statement(api.state.engine) as conn:
         principal = connection_principal(conn, secret, api.state.settings)
         if principal is None or principal.role == Role.MEMBER:  # a 401, or the route's 403

@@ -1,8 +1,10 @@
-"""`GET /v1/jobs/{id}` through the request gate's shortcut (`service.api.app.SHORTCUTS`,
-`routers.jobs.job_shortcut`) and through the route, on SQLite and PostgreSQL: one token lookup on one
-connection, and the same answers either way."""
+"""The job reads through the request gate's shortcuts (`service.api.app.SHORTCUTS`: `GET /v1/jobs/{id}`
+by `routers.jobs.job_shortcut`, the list by `jobs_shortcut`) and through their routes, on SQLite and
+PostgreSQL: one token lookup on one connection, and the same answers either way."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -72,3 +74,52 @@ def test_what_the_shortcut_declines_gets_the_routes_answer(env: Env, admin: dict
     for path in ("/v1/jobs/0", f"/v1/jobs/{2**63}", "/v1/jobs/-1"):
         r = env.client.get(path, headers=admin)
         assert r.status_code == 422 and r.json()["error"]["fields"][0]["loc"] == "path.job_id", (path, r.text)
+
+
+def _page(env: Env, headers: dict[str, str], query: str) -> tuple[int, bytes]:
+    r = env.client.get(f"/v1/jobs?{query}", headers=headers)
+    return r.status_code, r.content
+
+
+def test_the_list_is_one_token_lookup_on_one_connection_with_the_routes_answers(
+        env: Env, admin: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each query below, and its next page, answered by the shortcut and by the route (an extra
+    parameter, which FastAPI ignores and the shortcut does not read, sends it to the route): the same
+    status and the same bytes."""
+    member = env.headers(env.token("member", team="alpha"))
+    ids = [_job(env, member) for _ in range(3)] + [_job(env, env.headers(env.token("member", team="beta")))]
+    env.client.post(f"/v1/jobs/{ids[0]}/cancel", headers=member)
+    queries = ["", "limit=2", "status=QUEUED&status=CANCELLED&limit=1", "team=alpha&sort=status&limit=2",
+               "backend=local&sort=-gpus", f"name={tiny()['name']}&sort=submitted", "status=SUCCEEDED"]
+    for headers in (member, admin):
+        for query in queries:
+            with counted(env, monkeypatch) as counts:
+                status, short = _page(env, headers, query)
+            assert status == 200, short
+            assert counts == {"lookups": 1, "checkouts": 1}, query
+            assert _page(env, headers, f"{query}&via=route") == (status, short), query
+            cursor = json.loads(short)["next_cursor"]
+            if cursor:
+                later = f"{query}&cursor={cursor}"
+                assert _page(env, headers, later)[0] == 200
+                assert _page(env, headers, later) == _page(env, headers, f"{later}&via=route"), later
+    seen = {item["id"] for item in json.loads(_page(env, member, "limit=50")[1])["items"]}
+    assert seen == set(ids[:3])  # a member's list holds its team's jobs only, as the route's does
+
+
+def test_a_list_query_the_shortcut_does_not_read_is_the_routes_to_answer(env: Env, admin: dict[str, str]) -> None:
+    """A value the route refuses is its 422, naming the parameter; a leading zero or a repeated
+    parameter is read by the route as it always was; a bad token is a 401."""
+    _job(env, admin)
+    for query, loc in (("status=running", "query.status.0"), ("limit=0", "query.limit"),
+                       (f"limit={10**6}", "query.limit"), ("sort=color", "query.sort"),
+                       ("team=Not_A_Label", "query.team"), ("cursor=***", "query.cursor"),
+                       ("cursor=abc", "query.cursor"), ("backend=mainframe", "query.backend"),
+                       (f"name={'x' * 201}", "query.name")):
+        r = env.client.get(f"/v1/jobs?{query}", headers=admin)
+        assert r.status_code == 422, (query, r.text)
+        assert r.json()["error"]["fields"][0]["loc"] == loc, (query, r.text)
+    assert _page(env, admin, "limit=01") == _page(env, admin, "limit=1")
+    assert _page(env, admin, "limit=5&limit=1") == _page(env, admin, "limit=1")  # the last one, as FastAPI reads
+    r = env.client.get("/v1/jobs", headers={"Authorization": "Bearer shc_0123456789abcdef_not-a-real-secret"})
+    assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer"
