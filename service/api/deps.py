@@ -102,8 +102,8 @@ def token_principal(engine: Engine, secret: str, settings: Settings) -> Principa
 
 
 def connection_principal(conn: Connection, secret: str, settings: Settings) -> Principal | None:
-    """`token_principal` on a connection the caller holds (the heartbeat shortcut's, which then stores
-    the heartbeat on it)."""
+    """`token_principal` on a connection the caller holds: a request-gate shortcut's, which then does its
+    route's work on it (`service.api.app.SHORTCUTS`)."""
     return authenticate(conn, secret, job_token_grace_s=settings.job_token_grace_s)
 
 

@@ -245,8 +245,9 @@ def job_answer(conn: Connection, principal: Principal, job_id: int) -> Response:
 
 async def job_shortcut(api: FastAPI, request: ShortcutRequest) -> ShortcutTaken | None:
     """`get_job` as the request gate's shortcut (`service.api.app.SHORTCUTS`): the token check and the
-    reads on one connection in one thread hop, where the route takes two of each. A job id `JobId`
-    would refuse, or a job the token may not see, is left to the route (its 422 or 404)."""
+    reads on one connection in one thread hop, where the route takes two of each. A job id that is not
+    plainly one (`_shortcut_job_id`), or a job the token may not see, is left to the route (its answer,
+    a 422 or a 404 among them)."""
     job_id = _shortcut_job_id(request.path_params)
     if job_id is None:
         return None
