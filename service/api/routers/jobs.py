@@ -205,15 +205,23 @@ async def jobs_shortcut(api: FastAPI, request: ShortcutRequest) -> ShortcutTaken
     query = plain_list_query(request.query)
     if query is None:
         return None
-    return await anyio.to_thread.run_sync(_page_with_token, api, request.secret, query)
+    return await anyio.to_thread.run_sync(_with_token, api, request.secret,
+                                          lambda conn, principal: page_answer(conn, principal, query))
 
 
-def _page_with_token(api: FastAPI, secret: str, query: ListQuery) -> ShortcutTaken:
+def _with_token(api: FastAPI, secret: str, work: Callable[[Connection, Principal], Response | None]
+                ) -> ShortcutTaken:
+    """What every shortcut does in its thread hop: the token check, then `work` with the principal on
+    the same connection. `work` declines with None, `NotFound` (the route's 404) or `ApiError` (a 422),
+    having stored nothing."""
     with one_statement(api.state.engine) as conn:
         principal = connection_principal(conn, secret, api.state.settings)
         if principal is None:
             return None, None
-        return principal, page_answer(conn, principal, query)
+        try:
+            return principal, work(conn, principal)
+        except (NotFound, ApiError):
+            return principal, None
 
 
 #: A job id in a path as the shortcuts take it; `JobId` is the routes' own check.
@@ -251,18 +259,8 @@ async def job_shortcut(api: FastAPI, request: ShortcutRequest) -> ShortcutTaken 
     job_id = _shortcut_job_id(request.path_params)
     if job_id is None:
         return None
-    return await anyio.to_thread.run_sync(_job_with_token, api, request.secret, job_id)
-
-
-def _job_with_token(api: FastAPI, secret: str, job_id: int) -> ShortcutTaken:
-    with one_statement(api.state.engine) as conn:
-        principal = connection_principal(conn, secret, api.state.settings)
-        if principal is None:
-            return None, None
-        try:
-            return principal, job_answer(conn, principal, job_id)
-        except NotFound:
-            return principal, None
+    return await anyio.to_thread.run_sync(_with_token, api, request.secret,
+                                          lambda conn, principal: job_answer(conn, principal, job_id))
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, responses=ERRORS)
@@ -456,18 +454,12 @@ async def heartbeat_shortcut(api: FastAPI, request: ShortcutRequest) -> Shortcut
         return None
     if measured.kind != MeasurementKind.HEARTBEAT:
         return None
-    return await anyio.to_thread.run_sync(_heartbeat_with_token, api, request.secret, job_id, measured.data)
+    def store(conn: Connection, principal: Principal) -> Response | None:
+        if principal.role == Role.MEMBER:  # the route's 403
+            return None
+        return heartbeat_answer(conn, principal, job_id, measured.data)
 
-
-def _heartbeat_with_token(api: FastAPI, secret: str, job_id: int, data: dict[str, Any]) -> ShortcutTaken:
-    with one_statement(api.state.engine) as conn:
-        principal = connection_principal(conn, secret, api.state.settings)
-        if principal is None or principal.role == Role.MEMBER:  # a 401, or the route's 403
-            return principal, None
-        try:
-            return principal, heartbeat_answer(conn, principal, job_id, data)
-        except (NotFound, ApiError):  # the route's 404 or 422; nothing was stored
-            return principal, None
+    return await anyio.to_thread.run_sync(_with_token, api, request.secret, store)
 
 
 @router.post("/{job_id}/measurements", response_model=MeasurementOut, status_code=201, responses=ERRORS,
