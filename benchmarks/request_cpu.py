@@ -14,7 +14,9 @@ Cases, each `--requests` times a turn, after 50 unmeasured ones:
 - `healthz`: `GET /healthz`, no token and no database (the floor any request pays);
 - `heartbeat`: `POST /v1/jobs/{id}/measurements`, kind heartbeat, with the job's own token;
 - `get`: `GET /v1/jobs/{id}` with a member token of the jobs' team;
-- `list`: `GET /v1/jobs?status=RUNNING&limit=20` with that member token.
+- `list`: `GET /v1/jobs?status=RUNNING&limit=20` with that member token;
+- `submit`: `POST /v1/jobs` with that member token, the seeded jobs' spec under a new name each time
+  (so its plan comes from the planner's cache, as a resubmitted experiment's does).
 
 The database holds `--jobs` RUNNING jobs (`heartbeats.seed`: a real plan each, a job token each).
 
@@ -44,14 +46,14 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
-CASES = ("healthz", "heartbeat", "get", "list")
+CASES = ("healthz", "heartbeat", "get", "list", "submit")
 WARM_UP = 50
 HERE = Path(__file__).resolve().parent
 
 
 def seed_database(url: str, n_jobs: int) -> dict[str, Any]:
     """`n_jobs` RUNNING jobs with their job tokens, and a member token of their team."""
-    from heartbeats import seed
+    from heartbeats import TINY, seed
 
     from service.store.db import make_engine, make_sessionmaker
     from service.store.models import Team
@@ -64,7 +66,7 @@ def seed_database(url: str, n_jobs: int) -> dict[str, Any]:
         team = session.query(Team).filter_by(name="bench").one()
         member = create_token(session, role=Role.MEMBER, team=team, name="bench-member")[1]
     engine.dispose()
-    return {"jobs": [[job_id, token] for job_id, token in job_tokens.items()], "member": member}
+    return {"jobs": [[job_id, token] for job_id, token in job_tokens.items()], "member": member, "spec": TINY}
 
 
 def measure(url: str, seeded: dict[str, Any], requests: int) -> dict[str, float]:
@@ -77,6 +79,8 @@ def measure(url: str, seeded: dict[str, Any], requests: int) -> dict[str, float]
     jobs: list[list[Any]] = seeded["jobs"]
     member: str = seeded["member"]
     beat = json.dumps({"kind": "heartbeat", "data": {"step": 10, "loss": 2.5, "tokens_per_s": 4096.0}}).encode()
+    spec: dict[str, Any] = seeded["spec"]
+    pid = os.getpid()  # job names differ between the trees' children on one database
     with tempfile.TemporaryDirectory(prefix="shardctl-bench-") as data_dir:
         app = create_app(Settings(database_url=url, data_dir=Path(data_dir)))
 
@@ -118,6 +122,8 @@ def measure(url: str, seeded: dict[str, Any], requests: int) -> dict[str, float]
             "heartbeat": (lambda i: call("POST", f"/v1/jobs/{job(i)[0]}/measurements", job(i)[1], beat), 201),
             "get": (lambda i: call("GET", f"/v1/jobs/{job(i)[0]}", member), 200),
             "list": (lambda i: call("GET", "/v1/jobs", member, query=b"status=RUNNING&limit=20"), 200),
+            "submit": (lambda i: call("POST", "/v1/jobs", member,
+                                      json.dumps({**spec, "name": f"submit-{pid}-{i}"}).encode()), 201),
         }
 
         async def run() -> dict[str, float]:
@@ -198,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         print(line + "   " + " ".join(f"{t[name]:.3f}" for t in turns[0]))
     for label, m in zip(("this tree", str(args.against)), medians, strict=False):
         print(f"{label}: beyond /healthz: heartbeat {m['heartbeat'] - m['healthz']:.3f} ms,"
-              f" get {m['get'] - m['healthz']:.3f} ms, list {m['list'] - m['healthz']:.3f} ms")
+              f" get {m['get'] - m['healthz']:.3f} ms, list {m['list'] - m['healthz']:.3f} ms,"
+              f" submit {m['submit'] - m['healthz']:.3f} ms")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 
