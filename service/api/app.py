@@ -154,6 +154,7 @@ def _too_large(limit: int) -> Response:
 
 #: Routes whose commonest request the request gate answers itself (see `RequestGate`).
 SHORTCUTS: dict[tuple[str, str], Shortcut] = {
+    ("POST", "/v1/jobs"): jobs.create_job_shortcut,
     ("POST", "/v1/jobs/{job_id}/measurements"): jobs.heartbeat_shortcut,
     ("GET", "/v1/jobs/{job_id}"): jobs.job_shortcut,
     ("GET", "/v1/jobs"): jobs.jobs_shortcut,
@@ -178,9 +179,9 @@ class RequestGate:
        range, and `create_job` checks the validated spec again before it is stored).
 
     A route may have a shortcut (`SHORTCUTS`): the gate answers its commonest request itself, in one
-    thread hop that checks the token and does the work on one connection, without FastAPI's routing and
-    dependency solving (issue 17: every running job sends a heartbeat every few seconds; dashboards and
-    scripts read jobs). It is tried first, with a bearer token and forwarded identity off, and for a
+    thread hop that checks the token and does the work, without FastAPI's routing and dependency
+    solving (issue 17: every running job sends a heartbeat every few seconds; dashboards and scripts
+    read jobs; tooling submits them). It is tried first, with a bearer token and forwarded identity off, and for a
     route with a body only for a JSON body that declares a length of at most `SHORTCUT_BODY_BYTES` (so
     small it came with the headers; a large one still meets the token check before it is read). A
     request it declines goes through the checks above and on to the route as any other, with the
@@ -322,7 +323,7 @@ class RequestGate:
             except (MalformedJson, Unstorable):  # answered after the token check, as without a shortcut
                 return None, receive
         taken = await shortcut(self.api, ShortcutRequest(matched.groupdict(), scope.get("query_string", b""), secret,
-                                                          value))
+                                                          headers, value))
         if taken is None:
             return None, receive
         principal, answer = taken

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,12 +16,14 @@ from service.store.tokens import Principal
 @dataclass(frozen=True, slots=True)
 class ShortcutRequest:
     """A request as a shortcut sees it: the path's parameters (as the route's template matched them),
-    the raw query string, the bearer secret, and the JSON body the gate parsed and found storable (None
-    for a route without a body)."""
+    the raw query string, the bearer secret, the headers (Starlette's: names in any case, `get` gives
+    the first of a repeated one, as FastAPI's `Header()` does), and the JSON body the gate parsed and
+    found storable (None for a route without a body)."""
 
     path_params: dict[str, str]
     query: bytes
     secret: str
+    headers: Mapping[str, str]
     body: Any = None
 
 
