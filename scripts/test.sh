@@ -32,11 +32,13 @@ echo "== pytest"
 if [ "$#" -eq 0 ] && [ -n "${SHARDCTL_TEST_SLURM:-}" ]; then
   # The Slurm tests spend most of their time waiting on the cluster (scheduling, KillWait, requeues):
   # they run beside the rest, in a session of their own, and their report follows the main one.
+  # The rest runs on two pytest-xdist workers (each with its own PostgreSQL database): one session
+  # keeps about one of the two cores busy (91% of one, measured), waiting on subprocesses and servers.
   slurm_log=$(mktemp)
   .venv/bin/pytest tests/slurm -p no:cacheprovider >"$slurm_log" 2>&1 &
   slurm_pid=$!
   main_rc=0
-  .venv/bin/pytest --ignore=tests/slurm || main_rc=$?
+  .venv/bin/pytest --ignore=tests/slurm -n "${SHARDCTL_TEST_WORKERS:-2}" --dist worksteal || main_rc=$?
   slurm_rc=0
   wait "$slurm_pid" || slurm_rc=$?
   echo "== pytest tests/slurm (ran beside the rest)"

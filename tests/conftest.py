@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,16 @@ pytest_plugins = ["tests.db_fixtures", "tests.k8s.fake_cluster"]
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest-xdist starts its workers with COLUMNS=80 and LINES=24. rich fixes a console's width at
+    construction when COLUMNS is set, and the CLI builds its consoles at import, so every CLI table
+    would render 80 columns wide in a worker whatever a test asks for. Without them, as in a plain
+    `pytest`, a console reads COLUMNS when it prints: a test that depends on width sets it."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.pop("COLUMNS", None)
+        os.environ.pop("LINES", None)
 
 BASE_SPEC: dict[str, Any] = {
     "name": "test-spec",
