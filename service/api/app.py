@@ -181,11 +181,11 @@ class RequestGate:
     A route may have a shortcut (`SHORTCUTS`): the gate answers its commonest request itself, in one
     thread hop that checks the token and does the work, without FastAPI's routing and dependency
     solving (issue 17: every running job sends a heartbeat every few seconds; dashboards and scripts
-    read jobs; tooling submits them). It is tried first, with a bearer token and forwarded identity off, and for a
-    route with a body only for a JSON body that declares a length of at most `SHORTCUT_BODY_BYTES` (so
-    small it came with the headers; a large one still meets the token check before it is read). A
-    request it declines goes through the checks above and on to the route as any other, with the
-    principal if the shortcut found it: the answers, and their order, are the same.
+    read jobs; tooling submits them). It is tried first, with a bearer token and forwarded identity
+    off, and for a route with a body only for a JSON body that declares a length of at most
+    `SHORTCUT_BODY_BYTES` (so small it came with the headers; a large one still meets the token check
+    before it is read). A request it declines goes through the checks above and on to the route as any
+    other, with the principal if the shortcut found it: the answers, and their order, are the same.
 
     Routes without a body, and requests no route matches (404, 405), pass unread. The gate also times
     each request to its first response byte, per route template, for `/metrics`.

@@ -114,9 +114,9 @@ def create_job(spec: TrainingSpec, principal: Person, request: Request,
 
 def submission_answer(api: FastAPI, principal: Principal, spec: TrainingSpec, idempotency_key: str | None
                       ) -> Response:
-    """Plan and queue `spec` on the app's sessions and planner (`submit_job`, whose `ApiError`s,
-    `Conflict` and `InvalidSpec` pass through), count a created job in the submissions metric, and
-    answer with the job: 201 created, or 200 for an `Idempotency-Key` replay."""
+    """Plan and queue `spec` on the app's sessions and planner (`submit_job`, whose refusals pass
+    through: `_SUBMISSION_REFUSALS`), count a created job in the submissions metric, and answer with the
+    job: 201 created, or 200 for an `Idempotency-Key` replay. Nothing after the commit can raise one."""
     state = api.state
     submitted = submit_job(state.sessions, principal, spec, idempotency_key, state.configured_backends,
                            state.planner, local_gpus=state.settings.local_gpus)
@@ -259,8 +259,8 @@ async def jobs_shortcut(api: FastAPI, request: ShortcutRequest) -> ShortcutTaken
 
 def _with_token(api: FastAPI, secret: str, work: Callable[[Connection, Principal], Response | None]
                 ) -> ShortcutTaken:
-    """What every shortcut does in its thread hop: the token check, then `work` with the principal on
-    the same connection. `work` declines with None, `NotFound` (the route's 404) or `ApiError` (a 422),
+    """What the read and heartbeat shortcuts do in their thread hop: the token check, then `work` with
+    the principal on the same connection. `work` declines with None, `NotFound` (the route's 404) or `ApiError` (a 422),
     having stored nothing."""
     with one_statement(api.state.engine) as conn:
         principal = connection_principal(conn, secret, api.state.settings)
@@ -502,6 +502,7 @@ async def heartbeat_shortcut(api: FastAPI, request: ShortcutRequest) -> Shortcut
         return None
     if measured.kind != MeasurementKind.HEARTBEAT:
         return None
+
     def store(conn: Connection, principal: Principal) -> Response | None:
         if principal.role == Role.MEMBER:  # the route's 403
             return None
