@@ -66,6 +66,7 @@ import psycopg
 from http_clients import CLIENTS, Client
 from http_clients import run as run_loop
 from scratch_db import scratch_database
+from side_by_side import add_against, trees
 from sqlalchemy import JSON, column, create_engine, insert, select, table, text
 from sqlalchemy.engine import make_url
 
@@ -608,16 +609,13 @@ def main() -> None:
     parser.add_argument("--max-seconds", type=float, default=90.0, help="time limit of each phase")
     parser.add_argument("--client", choices=sorted(CLIENTS), default="lean",
                         help="the load generator's HTTP client (see http_clients)")
-    parser.add_argument("--against", type=Path, default=None, metavar="DIR",
-                        help="another shardctl checkout (git worktree add DIR REV) to measure side by side")
+    add_against(parser, "each phase takes turns on both trees' servers")
     parser.add_argument("--turns", type=int, default=4, help="with --against: turns each phase takes per tree")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     if args.jobs < 1 or args.concurrency < 1 or args.turns < 1:
         parser.error("--jobs, --concurrency and --turns must be at least 1")
-    if args.against is not None and not (args.against / "service" / "api" / "app.py").is_file():
-        parser.error(f"--against {args.against}: not a shardctl checkout (no service/api/app.py there);"
-                     " make one with: git worktree add DIR REV")
+    measured_trees = trees(parser, args.against)
     rng = random.Random(args.seed)
     run_id = secrets.token_hex(3)
     started = time.perf_counter()
@@ -630,13 +628,12 @@ def main() -> None:
         print(f"seeded in {seeded.seconds:.1f} s; starting the API server ...", flush=True)
         # Counting connections reads statistics a second apart: too slow to do per turn.
         sessions = SessionCounter(url) if args.against is None else None
-        trees: list[Path | None] = [None] if args.against is None else [None, args.against.resolve()]
         turns = 1 if args.against is None else args.turns
-        results: list[dict[str, Phase]] = [{} for _ in trees]
+        results: list[dict[str, Phase]] = [{} for _ in measured_trees]
         try:
             with ExitStack() as stack:
                 servers = []
-                for k, tree in enumerate(trees):
+                for k, tree in enumerate(measured_trees):
                     (Path(tmp) / str(k)).mkdir()
                     servers.append(stack.enter_context(api_server(url, args.server_workers, Path(tmp) / str(k), tree)))
                 c, limit = args.concurrency, args.max_seconds

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +44,7 @@ from typing import Any
 import httpx
 from api_load import Server, api_server
 from scratch_db import scratch_database
+from side_by_side import add_against, postgres_server, trees
 from sqlalchemy import JSON, column, insert, table, text
 
 from service.planner import plan
@@ -148,29 +148,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--every-s", type=float, default=10.0)
     p.add_argument("--postgres-url", default=os.environ.get("SHARDCTL_TEST_POSTGRES_URL"))
-    p.add_argument("--against", type=Path, default=None, metavar="DIR",
-                   help="another checkout of shardctl (git worktree add DIR REV): its API takes turns with this"
-                        " tree's on the same database, round by round")
+    add_against(p, "its API takes turns with this tree's on the same database, round by round")
     args = p.parse_args(argv)
-    if args.against is not None and not (args.against / "service" / "api" / "app.py").is_file():
-        p.error(f"--against {args.against}: not a shardctl checkout (no service/api/app.py there)")
-    base = args.postgres_url or subprocess.run(["bash", "deploy/postgres.sh"], capture_output=True, text=True,
-                                               check=True).stdout.strip()
+    measured_trees = trees(p, args.against)
+    base = postgres_server(args.postgres_url)
     load = os.getloadavg()
     print(f"== heartbeats: {args.jobs:,} running jobs, one heartbeat each per round, PostgreSQL, the API in its"
           f" own process; load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs")
-    trees: list[Path | None] = [None] if args.against is None else [None, args.against.resolve()]
     with scratch_database(base, "heartbeats") as url, tempfile.TemporaryDirectory(prefix="shardctl-bench-") as tmp, \
             ExitStack() as stack:
         tokens = seed(url, args.jobs)
         servers = []
-        for i, tree in enumerate(trees):
+        for i, tree in enumerate(measured_trees):
             workdir = Path(tmp) / f"tree-{i}"
             workdir.mkdir()
             servers.append(stack.enter_context(api_server(url, 1, workdir, tree)))
-        measured = [Measured() for _ in trees]
+        measured = [Measured() for _ in measured_trees]
         for rnd in range(args.rounds):
-            order = list(range(len(trees)))
+            order = list(range(len(measured_trees)))
             if rnd % 2:  # every other round the other tree goes first, so that drift in the machine is shared
                 order.reverse()
             for i in order:

@@ -46,6 +46,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
+from side_by_side import add_against, postgres_server, trees
+
 CASES = ("healthz", "heartbeat", "get", "list", "submit")
 WARM_UP = 50
 HERE = Path(__file__).resolve().parent
@@ -169,29 +171,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=1000)
     p.add_argument("--turns", type=int, default=3)
     p.add_argument("--postgres-url", default=os.environ.get("SHARDCTL_TEST_POSTGRES_URL"))
-    p.add_argument("--against", type=Path, default=None, metavar="DIR")
+    add_against(p, "each turn runs both trees, each in a child process of its own")
     args = p.parse_args(argv)
-    if args.against is not None and not (args.against / "service" / "api" / "app.py").is_file():
-        p.error(f"--against {args.against}: not a shardctl checkout (no service/api/app.py there)")
+    measured_trees = trees(p, args.against)
     from scratch_db import scratch_database
 
-    base = args.postgres_url or subprocess.run(["bash", "deploy/postgres.sh"], capture_output=True, text=True,
-                                               check=True).stdout.strip()
+    base = postgres_server(args.postgres_url)
     load = os.getloadavg()
     print(f"== CPU per request through the ASGI app in process: {args.jobs:,} running jobs, {args.requests:,}"
           f" requests a case a turn, {args.turns} turns; load average before: {load[0]:.2f} {load[1]:.2f}"
           f" {load[2]:.2f} on {os.cpu_count()} CPUs")
-    trees: list[Path | None] = [None] if args.against is None else [None, args.against.resolve()]
     with scratch_database(base, "request_cpu") as url, tempfile.TemporaryDirectory() as tmp:
         seeded_file = Path(tmp) / "seeded.json"
         seeded_file.write_text(json.dumps(seed_database(url, args.jobs)))
-        turns: list[list[dict[str, float]]] = [[] for _ in trees]
+        turns: list[list[dict[str, float]]] = [[] for _ in measured_trees]
         for turn in range(args.turns):
-            order = list(range(len(trees)))
+            order = list(range(len(measured_trees)))
             if turn % 2:
                 order.reverse()
             for i in order:
-                turns[i].append(child(trees[i], url, seeded_file, args.requests))
+                turns[i].append(child(measured_trees[i], url, seeded_file, args.requests))
     medians = [{name: statistics.median(t[name] for t in tree_turns) for name in CASES} for tree_turns in turns]
     header = f"{'CPU ms per request':<22}{'this tree':>12}"
     if args.against is not None:
