@@ -26,6 +26,7 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.pop("COLUMNS", None)
         os.environ.pop("LINES", None)
 
+
 BASE_SPEC: dict[str, Any] = {
     "name": "test-spec",
     "model": {"preset": "llama-3.1-8b"},
