@@ -136,7 +136,7 @@ async def create_job_shortcut(api: FastAPI, request: ShortcutRequest) -> Shortcu
 
     It submits only a body `TrainingSpec` takes and a team member's or admin's token, and answers only
     what `submission_answer` returns (201, or 200 for a replay). It declines anything else, and a
-    submission that `submit_job` refuses (403, 409, 422, 503, a concurrent change): nothing was
+    submission that `submit_job` refuses (400, 403, 409, 422, 503, a concurrent change): nothing was
     committed, and the route submits again and answers through the app's exception handlers. A job
     token's submission goes to the route's 403."""
     try:
