@@ -17,7 +17,6 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from sqlalchemy import Connection
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.datastructures import QueryParams
 from starlette.types import Receive, Scope, Send
@@ -41,7 +40,6 @@ from service.api.submission import submit_job
 from service.api.views import detail_out, encoded, event_out, job_out, job_summary
 from service.backend_options import BackendKind
 from service.names import Label
-from service.planner.errors import InvalidSpec
 from service.spec import TrainingSpec
 from service.store.db import one_statement
 from service.store.job_sort import BadCursor, JobCursor, JobSort, SortText
@@ -58,7 +56,7 @@ from service.store.jobs import (
     visible_job,
 )
 from service.store.models import utcnow
-from service.store.tokens import DEFAULT_JOB_TOKEN_GRACE_S, Conflict, NotFound, Principal
+from service.store.tokens import DEFAULT_JOB_TOKEN_GRACE_S, NotFound, Principal
 from service.store.vocab import JobStatus, MeasurementKind, Role
 
 log = logging.getLogger(__name__)
@@ -115,18 +113,15 @@ def create_job(spec: TrainingSpec, principal: Person, request: Request,
 def submission_answer(api: FastAPI, principal: Principal, spec: TrainingSpec, idempotency_key: str | None
                       ) -> Response:
     """Plan and queue `spec` on the app's sessions and planner (`submit_job`, whose refusals pass
-    through: `_SUBMISSION_REFUSALS`), count a created job in the submissions metric, and answer with the
-    job: 201 created, or 200 for an `Idempotency-Key` replay. Nothing after the commit can raise one."""
+    through, for the app's exception handlers), count a created job in the submissions metric, and
+    answer with the job: 201 created, or 200 for an `Idempotency-Key` replay. Nothing after the commit
+    can raise a refusal."""
     state = api.state
     submitted = submit_job(state.sessions, principal, spec, idempotency_key, state.configured_backends,
                            state.planner, local_gpus=state.settings.local_gpus)
     if submitted.created:
         state.metrics.submissions.labels(team=submitted.team).inc()
     return Response(submitted.body, status_code=201 if submitted.created else 200, media_type="application/json")
-
-
-#: What `submission_answer` raises for an answer the route renders through the app's exception handlers.
-_SUBMISSION_REFUSALS = (ApiError, Conflict, NotFound, InvalidSpec, IntegrityError)
 
 
 async def create_job_shortcut(api: FastAPI, request: ShortcutRequest) -> ShortcutTaken | None:
@@ -158,8 +153,16 @@ def _submit_with_token(api: FastAPI, secret: str, spec: TrainingSpec, idempotenc
         return principal, None
     try:
         return principal, submission_answer(api, principal, spec, idempotency_key)
-    except _SUBMISSION_REFUSALS:
+    except Exception as exc:
+        if not _handled(api, exc):
+            raise
         return principal, None
+
+
+def _handled(api: FastAPI, exc: Exception) -> bool:
+    """Whether the app answers `exc` through one of its exception handlers (`errors.install`): a
+    refusal the route would render, which a shortcut leaves to the route."""
+    return any(isinstance(kind, type) and isinstance(exc, kind) for kind in api.exception_handlers)
 
 
 @router.get("", response_model=JobPage, responses={422: {"model": ErrorResponse}},
