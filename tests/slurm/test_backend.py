@@ -356,12 +356,14 @@ def test_poll_of_many_handles_makes_one_sacct_call(backend: SlurmBackend, partit
 
 @pytest.fixture
 def long_job(backend: SlurmBackend) -> Iterator[Handle]:
-    """A running job holding 3 of the 4 CPUs of both nodes (the time-limit job may hold 1 on node1), so
-    an urgent job that needs 2 per node must preempt it. Cancelled, and seen cancelled, afterwards."""
+    """A running job holding 3 of the 4 CPUs of both nodes, so an urgent job that needs 2 per node must
+    preempt it. Cancelled, and seen cancelled, afterwards. It waits up to 4 minutes to start: the two
+    time-limit jobs the session starts first may hold 2 CPUs of one node until Slurm kills them (60-90 s
+    after the session starts, later on a loaded machine), and CI's cluster may still be busy."""
     handle = backend.submit(launch_request(py("import time; print('started', flush=True); time.sleep(300)"),
                                            nodes=2, sbatch=["--cpus-per-task=3"]))
     try:
-        wait_for(backend, handle, lambda o: o.state == RunState.RUNNING)
+        wait_for(backend, handle, lambda o: o.state == RunState.RUNNING, timeout=240)
         yield handle
     finally:
         backend.cancel(handle)
