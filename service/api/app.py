@@ -8,7 +8,8 @@ and that a JSON body can be stored, so that a route only ever sees a body it can
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection
+from collections.abc import AsyncIterator, Callable, Collection
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -25,6 +26,7 @@ from service.api import errors
 from service.api.access_log import ROUTE_SCOPE_KEY, AccessLog, route_template
 from service.api.analysis import AnalysisPool
 from service.api.body_limit import counted
+from service.api.collector import freeze_startup_objects
 from service.api.deps import (
     BAD_TOKEN,
     MAX_JSON_DEPTH,
@@ -398,6 +400,13 @@ def document_responses(app: FastAPI, schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Startup: the first app served in a process freezes what is alive then (`service.api.collector`)."""
+    freeze_startup_objects()
+    yield
+
+
 def create_app(settings: Settings | None = None, *, engine: Engine | None = None,
                launch_preview: LaunchPreview | None = None,
                configured_backends: Collection[str] | None = None,
@@ -412,7 +421,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     settings = settings or Settings()
     engine = engine or make_engine(settings.resolved_database_url)
     app = FastAPI(title="shardctl", version="0.1.0", docs_url=None, redoc_url=None,  # mount_docs: vendored assets
-                  description="Plan, launch and track distributed training jobs.")
+                  description="Plan, launch and track distributed training jobs.", lifespan=_lifespan)
     app.state.settings = settings
     app.state.streams = jobs.StreamSlots()
     app.state.analyses = AnalysisPool(settings.profile_workers, settings.profile_queue)
