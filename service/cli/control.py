@@ -127,10 +127,6 @@ def _sigterm_sets(stop: threading.Event) -> None:
     signals.signal(signals.SIGTERM, lambda *_: stop.set())
 
 
-#: How long a worker process of `serve --workers N` may take to answer its supervisor's health ping.
-WORKER_HEALTHCHECK_S = 60
-
-
 def serve(host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
           port: Annotated[int, typer.Option(help="TCP port.")] = 8686,
           with_dispatcher: Annotated[bool, typer.Option(
@@ -195,12 +191,16 @@ def serve(host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0
         if workers == 1:
             uvicorn.run(wiring.make_app(settings, sessions, backends, public_url=url, load=False), **options)
         else:
+            from service.cli.serve_workers import PortInUse, serve_workers
+
             os.environ["SHARDCTL_PUBLIC_URL"] = url  # what each worker's app previews and tells jobs
-            # A worker that does not answer uvicorn's health ping in time is killed and started again; a
-            # fresh one imports the whole service first, which on a busy or CPU-limited host takes more than
-            # uvicorn's 5 s, so that every start would be killed in turn.
-            uvicorn.run("service.cli.wiring:app_factory", factory=True, workers=workers,
-                        timeout_worker_healthcheck=WORKER_HEALTHCHECK_S, **options)
+            try:
+                status = serve_workers("service.cli.wiring:app_factory", factory=True, workers=workers, **options)
+            except PortInUse as exc:
+                print_error(err, str(exc))
+                raise typer.Exit(EXIT_ERROR) from None
+            if status:
+                raise typer.Exit(status)
     finally:
         stop.set()
         if dispatcher_thread is not None:

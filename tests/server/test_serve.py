@@ -36,7 +36,7 @@ from tests.specs import tiny
 
 def _pids(base: str, rounds: int = 20) -> set[int]:
     """The worker pids that answered `/healthz`: batches of concurrent requests on fresh connections
-    until two answered (the kernel hands each connection to whichever worker accepts it first)."""
+    until two answered (the kernel hands each connection to one worker's socket, by a hash of its address)."""
     seen: set[int] = set()
 
     def one(_: int) -> int:
