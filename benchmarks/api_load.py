@@ -254,9 +254,21 @@ class Server:
         return _tree_cpu_seconds(self.process.pid)
 
 
+SERVE_WORKERS_MODULE = ("service", "cli", "serve_workers.py")
+SERVE_WORKERS = """
+import sys
+from service.cli.serve_workers import serve_workers
+sys.exit(serve_workers(sys.argv[1], factory=True, host="127.0.0.1", port=int(sys.argv[2]), workers=int(sys.argv[3]),
+                       log_level="warning", access_log=False))
+"""
+"""Several workers as `shardctl serve --workers N` runs them, a listening socket each; a tree from
+before `service/cli/serve_workers.py` runs uvicorn's supervisor, as its serve did."""
+
+
 @contextmanager
 def api_server(url: str, workers: int, workdir: Path, tree: Path | None = None) -> Iterator[Server]:
-    """The API in its own process on a free localhost port, once `/healthz` answers. `tree`: run that
+    """The API in its own process on a free localhost port, once `/healthz` answers (with `workers` above
+    1, as that tree's `shardctl serve --workers` runs them: `SERVE_WORKERS`). `tree`: run that
     checkout's `service` instead of the installed one (`python -m` puts its working directory first on
     the import path, so the process runs in `tree` and has it on PYTHONPATH too)."""
     port = _free_port()
@@ -266,22 +278,29 @@ def api_server(url: str, workers: int, workdir: Path, tree: Path | None = None) 
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p)
     cmd = [sys.executable, "-m", "uvicorn", "--factory", "service.api.app:create_app", "--host", "127.0.0.1",
            "--port", str(port), "--log-level", "warning", "--no-access-log", "--workers", str(workers)]
+    if workers > 1 and (tree or Path(__file__).resolve().parents[1]).joinpath(*SERVE_WORKERS_MODULE).exists():
+        cmd = [sys.executable, "-c", SERVE_WORKERS, "service.api.app:create_app", str(port), str(workers)]
     with log.open("wb") as out:
         process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tree)
     server = Server(process, f"http://127.0.0.1:{port}", log)
     try:
-        deadline = time.monotonic() + 60
-        while True:
+        deadline, answered = time.monotonic() + 60, set[str]()
+        # Every worker up before the phases start: a phase's connections are opened once and kept.
+        while len(answered) < workers:
             if process.poll() is not None:
                 raise RuntimeError(f"the API server exited ({process.returncode}):\n{log.read_text()[-3000:]}")
             try:
-                if httpx.get(server.base + "/healthz", timeout=1).status_code == 200:
-                    break
+                answer = httpx.get(server.base + "/healthz", timeout=1)
+                if answer.status_code == 200:
+                    answered.add(answer.headers.get("X-Shardctl-Pid", "any"))
+                    if "any" in answered:  # a tree that does not say which worker answered
+                        break
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the API server did not answer /healthz in 60 s:\n{log.read_text()[-3000:]}")
-            time.sleep(0.1)
+                raise RuntimeError(f"{len(answered)} of {workers} API workers answered /healthz in 60 s:\n"
+                                   f"{log.read_text()[-3000:]}")
+            time.sleep(0.1 if not answered else 0.01)
         yield server
     finally:
         if process.poll() is None:
