@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import numpy as np
+import numpy.typing as npt
 
 from service.profiles.classify import LAUNCH_RUNTIME, MEMORY_BOUND_PROXY, EventClass, short_name, subcategory
 from service.profiles.collectives import Instance, summarize
@@ -54,26 +55,37 @@ def _top_items(
     bounds = np.flatnonzero(np.diff(names[by_name])) + 1
     groups = sorted(np.split(by_name, bounds) if len(items) else [], key=lambda g: int(g[0]))
     dur = np.frombuffer(t.dur, dtype=np.float64)
-    rows: list[TopItem] = []
+
+    def stats(group: npt.NDArray[np.intp]) -> tuple[list[float], list[float] | None]:
+        members = items[group]
+        return dur[members].tolist(), [self_t[i] for i in members.tolist()] if self_t else None
+
+    # Every name counts towards the proxy and is ranked; only the TOP_N kept become rows, the other
+    # (hundreds, on real traces) skip their percentiles, short names and models.
+    keys: list[float] = []
     proxy = compute_total = 0.0
     for group in groups:
-        name, cls = t.names[names[group[0]]], CLASSES[item_class[group[0]]]
-        idx = items[group].tolist()
-        durs = dur[items[group]].tolist()
-        selfs = [self_t[i] for i in idx] if self_t else None
+        durs, selfs = stats(group)
         weight = sum(selfs) if selfs is not None else sum(durs)
-        sub = subcategory(name, cls)
+        cls = CLASSES[item_class[group[0]]]
         if cls is EventClass.compute:
             compute_total += weight
-            if sub in MEMORY_BOUND_PROXY:
+            if subcategory(t.names[names[group[0]]], cls) in MEMORY_BOUND_PROXY:
                 proxy += weight
+        keys.append(round(sum(selfs), 3) if selfs is not None else round(sum(durs), 3))
+    rows: list[TopItem] = []
+    for k in sorted(range(len(groups)), key=lambda k: -keys[k])[:TOP_N]:  # stable: ties in name order
+        group = groups[k]
+        name, cls = t.names[names[group[0]]], CLASSES[item_class[group[0]]]
+        durs, selfs = stats(group)
+        weight = sum(selfs) if selfs is not None else sum(durs)
         rows.append(
             TopItem(
                 name=name,
                 short_name=short_name(name),
                 category=cls.value,
-                subcategory=sub,
-                count=len(idx),
+                subcategory=subcategory(name, cls),
+                count=len(durs),
                 total_us=round(sum(durs), 3),
                 self_us=None if selfs is None else round(sum(selfs), 3),
                 mean_us=round(sum(durs) / len(durs), 3),
@@ -84,8 +96,7 @@ def _top_items(
                 pct_of_window=pct(weight, window_us),
             )
         )
-    rows.sort(key=lambda r: -(r.self_us if r.self_us is not None else r.total_us))
-    return rows[:TOP_N], pct(proxy, compute_total)
+    return rows, pct(proxy, compute_total)
 
 
 def _launch_stats(t: RankTrace, tl: Timeline, windows: list[Window]) -> LaunchStats | None:
