@@ -24,7 +24,7 @@ import numpy.typing as npt
 from service.profiles.classify import hta_kernel_type
 from service.profiles.events import RankTrace
 from service.profiles.models import HtaCompat
-from service.profiles.stats import sum_in_order
+from service.profiles.stats import stable_sorted, sum_in_order
 
 _SYNC_NAMES = ("Event Sync", "Context Sync")
 
@@ -97,7 +97,7 @@ def hta_compat_for_rank(trace: RankTrace, step_filter: bool) -> HtaCompat:
         last_start = float(step_starts.max()) if len(step_starts) else math.nan
         before_last = starts < last_start
         # np.isin(corr, kept CPU rows' correlations), by bisection: isin sorts a copy of both sides
-        kept_corrs = np.sort(corr[~is_gpu & before_last])
+        kept_corrs = stable_sorted(corr[~is_gpu & before_last])
         if len(kept_corrs):
             at = np.searchsorted(kept_corrs, corr)
             np.minimum(at, len(kept_corrs) - 1, out=at)

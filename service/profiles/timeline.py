@@ -109,6 +109,19 @@ def _launch_times(
     return found, np.where(found, launch_ts[pos], -np.inf)
 
 
+def _unique_inverse(values: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.intp]]:
+    """``np.unique(values, return_inverse=True)``, sorting with the stable argsort (as `stable_sorted`
+    does, and for the same reason: `np.unique` sorts with numpy's vectorised quicksort)."""
+    order = np.argsort(values, kind="stable")
+    ranked = values[order]
+    first = np.empty(len(ranked), dtype=bool)
+    first[:1] = True
+    np.not_equal(ranked[1:], ranked[:-1], out=first[1:])
+    which = np.empty(len(values), dtype=np.intp)
+    which[order] = np.cumsum(first) - 1
+    return ranked[first], which
+
+
 def _gpu_timeline(t: RankTrace) -> Timeline:
     ts = np.frombuffer(t.ts, dtype=np.float64)
     dur = np.frombuffer(t.dur, dtype=np.float64)
@@ -121,7 +134,7 @@ def _gpu_timeline(t: RankTrace) -> Timeline:
     collective = np.array(sorted(i for i, a in t.size_args.items() if "Collective name" in a), dtype=np.intp)
     combo = np.frombuffer(t.name_idx, dtype=np.intc)[on_gpu].astype(np.int64) * len(t.cats) + cat_idx[on_gpu]
     combo = 2 * combo + np.isin(on_gpu, collective)
-    distinct, which = np.unique(combo, return_inverse=True)
+    distinct, which = _unique_inverse(combo)
     codes = np.array(
         [_CODE[classify_gpu_event(t.names[c // 2 // len(t.cats)], t.cats[c // 2 % len(t.cats)], bool(c % 2))]
          for c in distinct.tolist()],
