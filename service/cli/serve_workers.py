@@ -10,14 +10,17 @@ over them by a hash of their addresses (7/9, 6/10, 6/10, 6/10, 7/9 in the same t
 The parent process supervises: it starts the workers, starts another when one that served dies, stops
 them all when one dies before it served (the app, the database or the port is wrong, and would be
 again for the next), and on SIGTERM or SIGINT passes SIGTERM on and waits. A worker then closes its
-socket, finishes the requests in flight (uvicorn's `timeout_graceful_shutdown`) and exits 0. Unlike
-uvicorn's supervisor it does not ping workers to kill hung ones, nor take SIGHUP, SIGTTIN or SIGTTOU.
+socket, finishes the requests in flight (uvicorn's `timeout_graceful_shutdown`) and exits 0; it does
+the same when the parent dies, even by SIGKILL (Linux). Unlike uvicorn's supervisor it does not ping
+workers to kill hung ones, nor take SIGHUP, SIGTTIN or SIGTTOU.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import multiprocessing
+import os
 import signal
 import socket
 import sys
@@ -36,6 +39,8 @@ log = logging.getLogger(__name__)
 CHECK_S = 0.5
 #: How long a worker may take to exit after its grace, before it is killed.
 KILL_AFTER_S = 10.0
+#: Linux's prctl option: a signal for this process when its parent dies.
+PR_SET_PDEATHSIG = 1
 
 
 class PortInUse(Exception):
@@ -84,11 +89,25 @@ def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
     sys.exit(0)
 
 
-def _worker(app: str, host: str, port: int, options: dict[str, Any], serving: Event) -> None:
+def _die_with(parent: int) -> None:
+    """SIGTERM to this worker when serve's process dies, even by SIGKILL (the OOM killer), so that no
+    orphaned worker keeps serving on the port while a new serve cannot bind it. Linux only; elsewhere
+    nothing is set up."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it died before prctl took effect
+        sys.exit(0)
+
+
+def _worker(app: str, host: str, port: int, options: dict[str, Any], serving: Event, parent: int) -> None:
     # uvicorn raises the signal it stopped on again once it has shut down, under the handler that was
     # there before it started: this one, so a worker that stopped gracefully exits 0.
     signal.signal(signal.SIGTERM, _exit_cleanly)
     signal.signal(signal.SIGINT, _exit_cleanly)
+    _die_with(parent)
     try:
         sock = _bound_socket(host, port, reuse_port=True)
     except OSError as exc:
@@ -110,7 +129,7 @@ def serve_workers(app: str, *, workers: int, host: str, port: int, **options: An
 
     def start() -> tuple[BaseProcess, Event]:
         serving = context.Event()
-        process = context.Process(target=_worker, args=(app, host, port, options, serving),
+        process = context.Process(target=_worker, args=(app, host, port, options, serving, os.getpid()),
                                   name="shardctl-api-worker", daemon=False)
         process.start()
         return process, serving

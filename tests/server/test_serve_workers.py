@@ -4,6 +4,7 @@ and a worker that cannot start are refused at once."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -83,6 +84,29 @@ def test_a_worker_that_dies_is_replaced(two_workers: Serving) -> None:
     assert first - {victim} < after
     assert proc.poll() is None
     assert f"API worker {victim} died" in log.read_text()
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or only its zombie (an orphan's exit is reaped by whatever adopted it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_the_workers_stop_when_serve_is_killed(two_workers: Serving) -> None:
+    port, proc, log = two_workers
+    workers = set(holders(port))
+    proc.kill()  # SIGKILL: no chance to stop them itself, as under the OOM killer
+    proc.wait()
+    try:
+        wait_until(lambda: all(_gone(pid) for pid in workers), "the orphaned workers gone", log=log, timeout=30)
+    finally:
+        for pid in workers:  # whatever happened, no orphan outlives the test
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    with pytest.raises(ConnectionRefusedError):  # the port is free for the next serve
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
 
 
 def test_a_port_in_use_is_one_line_naming_it(fresh_postgres: str, tmp_path: Path) -> None:
