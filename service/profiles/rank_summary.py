@@ -74,7 +74,7 @@ def _top_items(
                 proxy += weight
         keys.append(round(sum(selfs), 3) if selfs is not None else round(sum(durs), 3))
     rows: list[TopItem] = []
-    for k in sorted(range(len(groups)), key=lambda k: -keys[k])[:TOP_N]:  # stable: ties in name order
+    for k in sorted(range(len(groups)), key=lambda k: -keys[k])[:TOP_N]:  # stable: ties stay in group order
         group = groups[k]
         name, cls = t.names[names[group[0]]], CLASSES[item_class[group[0]]]
         durs, selfs = stats(group)
