@@ -70,6 +70,7 @@ from side_by_side import add_against, trees
 from sqlalchemy import JSON, column, create_engine, insert, select, table, text
 from sqlalchemy.engine import make_url
 
+from service.api.routers.health import PID_HEADER
 from service.planner import plan
 from service.spec import TrainingSpec
 from service.store.db import make_sessionmaker
@@ -292,9 +293,9 @@ def api_server(url: str, workers: int, workdir: Path, tree: Path | None = None) 
             try:
                 answer = httpx.get(server.base + "/healthz", timeout=1)
                 if answer.status_code == 200:
-                    answered.add(answer.headers.get("X-Shardctl-Pid", "any"))
-                    if "any" in answered:  # a tree that does not say which worker answered
+                    if PID_HEADER not in answer.headers:  # a tree that does not say which worker answered
                         break
+                    answered.add(answer.headers[PID_HEADER])
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:

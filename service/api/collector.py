@@ -18,18 +18,17 @@ _lock = threading.Lock()
 _frozen = False
 
 
-def freeze_startup_objects() -> bool:
+def freeze_startup_objects() -> None:
     """The first call in a process collects what is garbage now, then moves every object still alive
-    to the permanent generation, which the collector no longer walks; True then. Later calls (a test
-    session starts many apps) do nothing and return False, so what later apps leave behind stays
-    collectable. Frozen objects are still freed by reference counting; a reference cycle among them
-    that becomes garbage is not reclaimed, which for objects made before the first app started (the
-    imports, that app) is the process's lifetime anyway."""
+    to the permanent generation, which the collector no longer walks. Later calls (a test session
+    starts many apps) do nothing, so what later apps leave behind stays collectable. Frozen objects
+    are still freed by reference counting; a reference cycle among them that becomes garbage is not
+    reclaimed, which for objects made before the first app started (the imports, that app) is the
+    process's lifetime anyway."""
     global _frozen
     with _lock:
         if _frozen:
-            return False
+            return
         _frozen = True
     gc.collect()
     gc.freeze()
-    return True

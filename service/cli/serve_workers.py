@@ -162,7 +162,7 @@ def serve_workers(app: str, *, workers: int, host: str, port: int, **options: An
 
 def _stop(running: list[tuple[BaseProcess, Event]], grace_s: float) -> None:
     for process, _ in running:
-        if process.is_alive() and process.pid is not None:
+        if process.is_alive():
             process.terminate()  # SIGTERM: the worker drains, then exits
     deadline = time.monotonic() + grace_s + KILL_AFTER_S
     for process, _ in running:

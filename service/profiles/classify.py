@@ -73,20 +73,21 @@ LAUNCH_RUNTIME = frozenset(
 )
 
 # Each label with what marks it, tried in this order on the lowercased name: substrings anywhere,
-# prefixes, whole names. As the case-insensitive patterns they replace (`tests/profiles/test_classify.py`
-# keeps those), at a tenth of the time: a real trace has hundreds of kernel names, each some 150
-# characters long.
-_SUBCATEGORIES: tuple[tuple[str, tuple[str, ...], tuple[str, ...], frozenset[str]], ...] = (
-    ("attention", ("flash", "fmha", "attention", "sdpa"), (), frozenset()),
+# prefixes, whole names, a pattern. As the case-insensitive patterns they replace
+# (`tests/profiles/test_classify.py` keeps those), at a tenth of the time: a real trace has hundreds of
+# kernel names, each some 150 characters long.
+_SUBCATEGORIES: tuple[tuple[str, tuple[str, ...], tuple[str, ...], frozenset[str], re.Pattern[str] | None], ...] = (
+    ("attention", ("flash", "fmha", "attention", "sdpa"), (), frozenset(), None),
     ("gemm", ("gemm", "cutlass", "cublas", "xmma", "matmul"), (),
-     frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::linear"})),
-    ("conv", ("conv",), (), frozenset()),
+     frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::linear"}),
+     re.compile(r"sm\d+_")),  # kernels named for their architecture (sm80_xmma_...)
+    ("conv", ("conv",), (), frozenset(), None),
     ("elementwise", ("elementwise", "vectorized"),
-     ("aten::add", "aten::mul", "aten::sub", "aten::div", "aten::gelu", "aten::relu"), frozenset()),
-    ("reduction", ("reduce_kernel", "reduction", "layer_norm", "softmax"), ("aten::sum", "aten::mean"), frozenset()),
-    ("copy", ("copy", "catarraybatched", "index", "scatter", "gather"), ("memcpy", "memset"), frozenset()),
+     ("aten::add", "aten::mul", "aten::sub", "aten::div", "aten::gelu", "aten::relu"), frozenset(), None),
+    ("reduction", ("reduce_kernel", "reduction", "layer_norm", "softmax"), ("aten::sum", "aten::mean"), frozenset(),
+     None),
+    ("copy", ("copy", "catarraybatched", "index", "scatter", "gather"), ("memcpy", "memset"), frozenset(), None),
 )
-_SM_ARCH = re.compile(r"sm\d+_")  # gemm as well: kernels named for their architecture (sm80_xmma_...)
 MEMORY_BOUND_PROXY = frozenset({"elementwise", "reduction", "copy"})
 
 
@@ -113,9 +114,9 @@ def subcategory(name: str, cls: EventClass) -> str:
                 return op.replace("_", "")
         return "collective"
     low = name.lower()
-    for label, parts, prefixes, names in _SUBCATEGORIES:
+    for label, parts, prefixes, names, pattern in _SUBCATEGORIES:
         if (any(part in low for part in parts) or low.startswith(prefixes) or low in names
-                or (label == "gemm" and _SM_ARCH.search(low))):
+                or (pattern is not None and pattern.search(low))):
             return label
     return "other"
 

@@ -72,7 +72,7 @@ def _top_items(
             compute_total += weight
             if subcategory(t.names[names[group[0]]], cls) in MEMORY_BOUND_PROXY:
                 proxy += weight
-        keys.append(round(sum(selfs), 3) if selfs is not None else round(sum(durs), 3))
+        keys.append(round(weight, 3))  # a row's self_us, or its total_us without self times
     rows: list[TopItem] = []
     for k in sorted(range(len(groups)), key=lambda k: -keys[k])[:TOP_N]:  # stable: ties stay in group order
         group = groups[k]

@@ -31,6 +31,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def read_response(conn: socket.socket) -> str:
+    """One whole HTTP/1.1 response (headers, then Content-Length bytes of body) read from `conn`."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        assert chunk, f"connection closed after {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        assert chunk, "connection closed mid-body"
+        body += chunk
+    return (head + b"\r\n\r\n" + body).decode()
+
+
 def bootstrap_token() -> str:
     """A value of the form SHARDCTL_BOOTSTRAP_ADMIN_TOKEN takes (as the Helm chart generates one)."""
     return f"shc_{secrets.token_hex(8)}_{secrets.token_urlsafe(32)}"

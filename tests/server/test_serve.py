@@ -25,6 +25,7 @@ from tests.server.procs import (
     environ,
     forwarded_database,
     free_port,
+    read_response,
     run_shardctl,
     shardctl,
     stop,
@@ -48,23 +49,6 @@ def _pids(base: str, rounds: int = 20) -> set[int]:
             if len(seen) >= 2:
                 break
     return seen
-
-
-def _response(conn: socket.socket) -> str:
-    """One whole HTTP/1.1 response (headers, then Content-Length bytes of body) read from `conn`."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = conn.recv(65536)
-        assert chunk, f"connection closed after {data!r}"
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                  if line.lower().startswith(b"content-length:"))
-    while len(body) < length:
-        chunk = conn.recv(65536)
-        assert chunk, "connection closed mid-body"
-        body += chunk
-    return (head + b"\r\n\r\n" + body).decode()
 
 
 def test_two_workers_answer_and_sigterm_finishes_the_request_in_flight_then_exits_0(
@@ -100,7 +84,7 @@ def test_two_workers_answer_and_sigterm_finishes_the_request_in_flight_then_exit
             slow.settimeout(15)
             # A first request on this connection, answered: a worker has accepted it and reads what comes next.
             slow.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-            assert _response(slow).startswith("HTTP/1.1 200")
+            assert read_response(slow).startswith("HTTP/1.1 200")
             slow.sendall(head + body[:4])  # in flight: the worker waits for the rest of the body
             time.sleep(0.2)  # (ordering only: the headers reach the worker before the signal does)
             proc.send_signal(signal.SIGTERM)
@@ -114,7 +98,7 @@ def test_two_workers_answer_and_sigterm_finishes_the_request_in_flight_then_exit
 
             wait_until(refused_new_requests, "serve to stop taking new requests", timeout=15)
             slow.sendall(body[4:])
-            answer = _response(slow)
+            answer = read_response(slow)
         assert answer.startswith("HTTP/1.1 201"), answer
         assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
         engine = create_engine(fresh_postgres)

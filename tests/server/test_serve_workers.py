@@ -1,6 +1,6 @@
 """`shardctl serve --workers N`'s supervision (`service.cli.serve_workers`), as real processes:
-connections opened together spread over the workers, a worker that dies is replaced, a port in use
-and a worker that cannot start are refused at once."""
+connections opened together spread over the workers, a worker that dies is replaced, the workers stop
+when serve is killed, a port in use and a worker that cannot start are refused at once."""
 
 from __future__ import annotations
 
@@ -17,17 +17,21 @@ import pytest
 
 from service.api.routers.health import PID_HEADER
 from service.cli.serve_workers import serve_workers
-from tests.server.procs import environ, free_port, run_shardctl, shardctl, stop, wait_serving, wait_until
+from tests.server.procs import (
+    environ,
+    free_port,
+    read_response,
+    run_shardctl,
+    shardctl,
+    stop,
+    wait_serving,
+    wait_until,
+)
 
 
 def _worker_of(conn: socket.socket) -> int:
     conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = conn.recv(65536)
-        assert chunk, "connection closed before the answer's headers"
-        data += chunk
-    head = data.partition(b"\r\n\r\n")[0].decode()
+    head = read_response(conn).partition("\r\n\r\n")[0]
     return next(int(line.split(":", 1)[1]) for line in head.split("\r\n")
                 if line.lower().startswith(PID_HEADER.lower() + ":"))
 
