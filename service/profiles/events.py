@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
+import numpy.typing as npt
 
 from service.profiles.errors import TraceError
 from service.profiles.reader import DEFAULT_MAX_VALUE_CHARS, EventBatches, read_trace
@@ -99,9 +101,36 @@ def _as_int(value: Any, default: int = -1) -> int:
         return default
 
 
+_INT_CODES = ("i", "q")
+"""Signed array type codes, narrowest first; ``array`` and ``numpy`` read them alike."""
+
+
+def narrowed(values: array[int]) -> array[int]:
+    """``values`` in the narrowest signed integer type that holds them all (the same object when that
+    is its own type). Index and id columns are built wide while a file is read, since their range is
+    not known until the end; most hold small numbers (tens of names, a handful of streams)."""
+    if not values:
+        return values
+    ints = column(values)
+    lo, hi = int(ints.min()), int(ints.max())
+    for code in _INT_CODES:
+        info = np.iinfo(np.dtype(code))
+        if info.min <= lo and hi <= info.max:
+            return values if code == values.typecode else array(code, ints.astype(code).tobytes())
+    return values
+
+
+def column(values: array[Any]) -> npt.NDArray[Any]:
+    """A read-only numpy view of one column, in the column's own type (integer columns are narrowed
+    per trace, so callers must not assume a width)."""
+    return np.frombuffer(values, dtype=values.typecode)
+
+
 @dataclass
 class RankTrace:
-    """One rank's events in columns; index ``i`` addresses the same event in every column."""
+    """One rank's events in columns; index ``i`` addresses the same event in every column. Integer
+    columns are built as ``i``/``q`` arrays and narrowed once the file is read (``narrowed``): read
+    them through ``column`` or by index, never assuming a width."""
 
     path: Path
     meta: dict[str, Any]
@@ -373,4 +402,6 @@ def load_rank_trace(
     trace.meta = read_trace(path, builder.add, max_value_chars=max_value_chars, batch=batches)
     if len(trace) == 0:
         raise TraceError(path, "traceEvents holds no complete ('X') events with a duration: nothing to analyse")
+    for name in ("name_idx", "cat_idx", "thread_idx", "stream", "correlation"):
+        setattr(trace, name, narrowed(getattr(trace, name)))
     return trace

@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from service.profiles.classify import hta_kernel_type
-from service.profiles.events import RankTrace
+from service.profiles.events import RankTrace, column
 from service.profiles.models import HtaCompat
 from service.profiles.stats import stable_sorted, sum_in_order
 
@@ -78,11 +78,11 @@ def hta_compat_for_rank(trace: RankTrace, step_filter: bool) -> HtaCompat:
     (see ``local_step_symbols``) exist, so the last profiled step is dropped. Works on event indices so
     that no per-event row objects are built.
     """
-    ts = np.frombuffer(trace.ts, dtype=np.float64)
-    dur = np.frombuffer(trace.dur, dtype=np.float64)
-    stream = np.frombuffer(trace.stream, dtype=np.longlong)
-    corr = np.frombuffer(trace.correlation, dtype=np.longlong)
-    name_idx = np.frombuffer(trace.name_idx, dtype=np.intc)
+    ts = column(trace.ts)
+    dur = column(trace.dur)
+    stream = column(trace.stream)
+    corr = column(trace.correlation)
+    name_idx = column(trace.name_idx)
     if trace.float_timestamps:
         starts, ends = np.ceil(ts), np.floor(ts + dur)
     else:

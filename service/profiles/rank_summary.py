@@ -9,7 +9,7 @@ import numpy.typing as npt
 
 from service.profiles.classify import LAUNCH_RUNTIME, MEMORY_BOUND_PROXY, EventClass, short_name, subcategory
 from service.profiles.collectives import Instance, summarize
-from service.profiles.events import RankTrace
+from service.profiles.events import RankTrace, column
 from service.profiles.intervals import Membership, union
 from service.profiles.models import HtaCompat, LaunchStats, Overlap, RankSummary, StepResult, TopItem
 from service.profiles.partition import add_idle, add_partitions, idle_breakdown, partition_window
@@ -45,16 +45,16 @@ def _self_times(t: RankTrace, items: list[int]) -> dict[int, float]:
 def _top_items(
     t: RankTrace, tl: Timeline, windows: list[Window], window_us: float
 ) -> tuple[list[TopItem], float]:
-    ts = np.frombuffer(t.ts, dtype=np.float64)
+    ts = column(t.ts)
     inside = _in_windows(windows).contains(ts[tl.item_events])
     items, item_class = tl.item_events[inside], tl.item_class[inside]
     self_t = _self_times(t, items.tolist()) if tl.basis == "cpu_ops" else {}
     # groups by name, in the order of each name's first item
-    names = np.frombuffer(t.name_idx, dtype=np.intc)[items]
+    names = column(t.name_idx)[items]
     by_name = np.argsort(names, kind="stable")
     bounds = np.flatnonzero(np.diff(names[by_name])) + 1
     groups = sorted(np.split(by_name, bounds) if len(items) else [], key=lambda g: int(g[0]))
-    dur = np.frombuffer(t.dur, dtype=np.float64)
+    dur = column(t.dur)
 
     def stats(group: npt.NDArray[np.intp]) -> tuple[list[float], list[float] | None]:
         members = items[group]
@@ -99,15 +99,18 @@ def _top_items(
     return rows, pct(proxy, compute_total)
 
 
-def _launch_stats(t: RankTrace, tl: Timeline, windows: list[Window]) -> LaunchStats | None:
+def launch_stats(t: RankTrace, tl: Timeline) -> LaunchStats | None:
+    """Kernel launch figures inside the step windows (GPU timelines only). The rank's analysis calls
+    it before anything else of the rank's summary exists, since its temporaries are rank-sized."""
+    windows = tl.windows
     if tl.basis != "gpu_kernels":
         return None
     # each correlation id's first CPU-side launch call (cudaLaunchKernel...); rank-sized temporaries
     # are made in place and dropped once used, since this runs at the rank's memory peak
-    stream = np.frombuffer(t.stream, dtype=np.longlong)
-    corr_ids = np.frombuffer(t.correlation, dtype=np.longlong)
+    stream = column(t.stream)
+    corr_ids = column(t.correlation)
     is_launch = np.array([n in LAUNCH_RUNTIME for n in t.names], dtype=bool)
-    mask = is_launch[np.frombuffer(t.name_idx, dtype=np.intc)]
+    mask = is_launch[column(t.name_idx)]
     mask &= stream < 0
     mask &= corr_ids >= 0
     calls = np.flatnonzero(mask).astype(np.int32)
@@ -119,7 +122,7 @@ def _launch_stats(t: RankTrace, tl: Timeline, windows: list[Window]) -> LaunchSt
     firsts = np.flatnonzero(np.concatenate(([True], call_corrs[1:] != call_corrs[:-1])))
     call_corrs, call_at = call_corrs[firsts], calls[firsts]
     del calls, firsts
-    ts, dur = np.frombuffer(t.ts, dtype=np.float64), np.frombuffer(t.dur, dtype=np.float64)
+    ts, dur = column(t.ts), column(t.dur)
     gpu = tl.item_events[tl.item_class != CLASSES.index(EventClass.other)]
     items = gpu[_in_windows(windows).contains(ts[gpu])]
     del gpu
@@ -174,8 +177,9 @@ def _launch_stats_of_lists(cpu_d: list[float], delays: list[float], short: int, 
 
 
 def rank_summary(
-    rank: int, t: RankTrace, tl: Timeline, instances: list[Instance], hta: HtaCompat
+    rank: int, t: RankTrace, tl: Timeline, instances: list[Instance], hta: HtaCompat, launch: LaunchStats | None
 ) -> RankSummary:
+    """The rank's summary; ``launch`` is ``launch_stats(t, tl)``."""
     windows = tl.windows
     per_step: list[StepResult] = []
     idles = []
@@ -191,6 +195,14 @@ def rank_summary(
     comp, comm, mem = tl.compute.within(win_u), tl.comm.within(win_u), tl.memory.within(win_u)
     comm_us = comm.measure()
     exposed = partition.comm_only_us + partition.comm_memory_us
+    overlap = Overlap(
+        comm_overlapped_by_compute_pct=pct(comp.within(comm.union()).measure(), comm_us) if comm_us else None,
+        exposed_comm_us=round(exposed, 3),
+        exposed_comm_pct_of_window=pct(exposed, window_us),
+        waiting_on_peer_us=0.0,  # needs every rank: analyze.py fills it in, with the idle split
+    )
+    totals_us = {"compute": round(comp.measure(), 3), "comm": round(comm_us, 3), "memory": round(mem.measure(), 3)}
+    del comp, comm, mem
     top, proxy = _top_items(t, tl, windows, window_us)
     inside = _in_windows(windows)
     in_win = [c for c in instances if c.start in inside]
@@ -207,21 +219,12 @@ def rank_summary(
         window_us=window_us,
         partition=partition,
         idle=add_idle(idles) if idles else idle_breakdown(tl, []),
-        overlap=Overlap(
-            comm_overlapped_by_compute_pct=pct(comp.within(comm.union()).measure(), comm_us) if comm_us else None,
-            exposed_comm_us=round(exposed, 3),
-            exposed_comm_pct_of_window=pct(exposed, window_us),
-            waiting_on_peer_us=0.0,  # needs every rank: analyze.py fills it in, with the idle split
-        ),
-        totals_us={
-            "compute": round(comp.measure(), 3),
-            "comm": round(comm_us, 3),
-            "memory": round(mem.measure(), 3),
-        },
+        overlap=overlap,
+        totals_us=totals_us,
         per_step=per_step,
         top_items=top,
         collectives=summarize(in_win),
-        launch=_launch_stats(t, tl, windows),
+        launch=launch,
         memory_bound_proxy_pct_of_compute=proxy,
         hta_compat=hta,
         warnings=warnings,

@@ -29,7 +29,7 @@ from service.profiles.classify import (
     EventClass,
     classify_gpu_event,
 )
-from service.profiles.events import RankTrace
+from service.profiles.events import RankTrace, column
 from service.profiles.intervals import Spans, Union, subtract, union, union_of_arrays
 
 GPU_CLASSES = ("kernel", "Kernel", "gpu_memcpy", "gpu_memset", "Memcpy", "Memset")
@@ -123,16 +123,16 @@ def _unique_inverse(values: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64
 
 
 def _gpu_timeline(t: RankTrace) -> Timeline:
-    ts = np.frombuffer(t.ts, dtype=np.float64)
-    dur = np.frombuffer(t.dur, dtype=np.float64)
-    stream = np.frombuffer(t.stream, dtype=np.longlong)
-    corr = np.frombuffer(t.correlation, dtype=np.longlong)
-    cat_idx = np.frombuffer(t.cat_idx, dtype=np.intc)
+    ts = column(t.ts)
+    dur = column(t.dur)
+    stream = column(t.stream)
+    corr = column(t.correlation)
+    cat_idx = column(t.cat_idx)
     on_gpu_cat = np.array([c in GPU_EVENT_CATS for c in t.cats], dtype=bool)
     on_gpu = np.flatnonzero((stream >= 0) & on_gpu_cat[cat_idx])
     # classify_gpu_event once per distinct (name, category, has a "Collective name" arg)
     collective = np.array(sorted(i for i, a in t.size_args.items() if "Collective name" in a), dtype=np.intp)
-    combo = np.frombuffer(t.name_idx, dtype=np.intc)[on_gpu].astype(np.int64) * len(t.cats) + cat_idx[on_gpu]
+    combo = column(t.name_idx)[on_gpu].astype(np.int64) * len(t.cats) + cat_idx[on_gpu]
     combo = 2 * combo + np.isin(on_gpu, collective)
     distinct, which = _unique_inverse(combo)
     codes = np.array(
