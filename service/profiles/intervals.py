@@ -165,20 +165,27 @@ class Spans:
         hi = int(np.searchsorted(self.starts, end, side="left"))
         return _trimmed(list(zip(self.starts[lo:hi].tolist(), self.ends[lo:hi].tolist(), strict=True)), start, end)
 
-    def within(self, u: Union) -> Spans:
-        """``intersect(self.union(), u)``: the pieces of each interval of ``u``, in order."""
-        starts: list[npt.NDArray[np.float64]] = []
-        ends: list[npt.NDArray[np.float64]] = []
-        for s, e in u:
-            lo = int(np.searchsorted(self.ends, s, side="right"))
-            hi = int(np.searchsorted(self.starts, e, side="left"))
-            if hi > lo:
-                # only the first piece can start before s and only the last end after e (disjoint, sorted)
-                starts.append(np.maximum(self.starts[lo:hi], s))
-                ends.append(np.minimum(self.ends[lo:hi], e))
-        if not starts:
+    def within(self, other: Spans | Union) -> Spans:
+        """``intersect(self.union(), other)`` for a sorted disjoint ``other``: for each of its intervals
+        in order, the pieces of this union inside it. Vectorised: on a rank's communication spans a
+        loop made two small arrays per interval, several hundred KB at the rank's memory peak."""
+        if not isinstance(other, Spans):
+            other = Spans.of(other)
+        # the run of this union's intervals that meets each interval of ``other``: [lo, hi), never
+        # hi < lo (both sides sorted and disjoint)
+        lo = np.searchsorted(self.ends, other.starts, side="right")
+        counts = np.searchsorted(self.starts, other.ends, side="left") - lo
+        total = int(counts.sum())
+        if total == 0:
             return Spans(_NO_TIMES, _NO_TIMES)
-        return Spans(np.concatenate(starts), np.concatenate(ends))
+        owner = np.repeat(np.arange(len(counts)), counts)
+        run_start = np.cumsum(counts) - counts  # where each run begins in the output
+        mine = np.arange(total) + (lo - run_start)[owner]
+        del lo, counts, run_start
+        # only a run's first piece can start before its interval and only its last end after it
+        return Spans(
+            np.maximum(self.starts[mine], other.starts[owner]), np.minimum(self.ends[mine], other.ends[owner])
+        )
 
     def subtract_from(self, u: Union) -> Union:
         """``subtract(u, self.union())``, one interval of ``u`` at a time against its clipped part."""

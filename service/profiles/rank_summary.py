@@ -196,7 +196,7 @@ def rank_summary(
     comm_us = comm.measure()
     exposed = partition.comm_only_us + partition.comm_memory_us
     overlap = Overlap(
-        comm_overlapped_by_compute_pct=pct(comp.within(comm.union()).measure(), comm_us) if comm_us else None,
+        comm_overlapped_by_compute_pct=pct(comp.within(comm).measure(), comm_us) if comm_us else None,
         exposed_comm_us=round(exposed, 3),
         exposed_comm_pct_of_window=pct(exposed, window_us),
         waiting_on_peer_us=0.0,  # needs every rank: analyze.py fills it in, with the idle split
