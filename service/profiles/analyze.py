@@ -15,7 +15,7 @@ from service.profiles.hta_compat import hta_compat_for_rank, local_step_symbols
 from service.profiles.intervals import Spans, Union, clip, intersect, measure, union
 from service.profiles.models import CrossRank, HtaCompat, ProfileSummary, RankSummary, Straggler
 from service.profiles.partition import add_partitions, move_to_idle
-from service.profiles.rank_summary import launch_stats, rank_summary
+from service.profiles.rank_summary import collective_stats, launch_stats, rank_summary
 from service.profiles.stats import pct, percentile
 from service.profiles.timeline import Window, build_timeline
 
@@ -80,12 +80,13 @@ def _analyse_rank(trace: RankTrace, index: int, world: int | None) -> _RankPass:
         raise TraceError(trace.path, "no compute, communication or step events to analyse")
     launch = launch_stats(trace, tl)  # first: its temporaries are rank-sized
     instances = collect_instances(trace, tl, world)
+    collectives, in_window = RankCollectives.of(instances), collective_stats(instances, tl)
+    del instances
     rank = trace.rank if trace.rank is not None else index
-    summary = rank_summary(rank, trace, tl, instances, hta[choices[0]], launch)
+    summary = rank_summary(rank, trace, tl, in_window, hta[choices[0]], launch)
     in_windows = tl.comm.within(union((w.start, w.end) for w in tl.windows)).union()
     alone = tl.memory.subtract_from(tl.compute.subtract_from(in_windows))
-    return _RankPass(trace.path, trace.rank, summary, tl.windows, RankCollectives.of(instances), symbols, hta,
-                     Spans.of(alone))
+    return _RankPass(trace.path, trace.rank, summary, tl.windows, collectives, symbols, hta, Spans.of(alone))
 
 
 def _with_peer_wait(p: _RankPass, total_us: float, waiting: Union, step_filter: bool) -> RankSummary:

@@ -11,7 +11,7 @@ from service.profiles.classify import LAUNCH_RUNTIME, MEMORY_BOUND_PROXY, EventC
 from service.profiles.collectives import Instance, summarize
 from service.profiles.events import RankTrace, column
 from service.profiles.intervals import Membership, union
-from service.profiles.models import HtaCompat, LaunchStats, Overlap, RankSummary, StepResult, TopItem
+from service.profiles.models import CollectiveStats, HtaCompat, LaunchStats, Overlap, RankSummary, StepResult, TopItem
 from service.profiles.partition import add_idle, add_partitions, idle_breakdown, partition_window
 from service.profiles.stats import pct, percentile, percentile_of_array, std, sum_in_order
 from service.profiles.timeline import CLASSES, Timeline, Window
@@ -176,10 +176,22 @@ def _launch_stats_of_lists(cpu_d: list[float], delays: list[float], short: int, 
     )
 
 
+def collective_stats(instances: list[Instance], tl: Timeline) -> list[CollectiveStats]:
+    """The rank's collectives that start inside a step window, summarised."""
+    inside = _in_windows(tl.windows)
+    return summarize([c for c in instances if c.start in inside])
+
+
 def rank_summary(
-    rank: int, t: RankTrace, tl: Timeline, instances: list[Instance], hta: HtaCompat, launch: LaunchStats | None
+    rank: int,
+    t: RankTrace,
+    tl: Timeline,
+    collectives: list[CollectiveStats],
+    hta: HtaCompat,
+    launch: LaunchStats | None,
 ) -> RankSummary:
-    """The rank's summary; ``launch`` is ``launch_stats(t, tl)``."""
+    """The rank's summary; ``collectives`` is ``collective_stats(...)`` and ``launch`` is
+    ``launch_stats(t, tl)``, both computed first so that their inputs are gone by the rank's peak."""
     windows = tl.windows
     per_step: list[StepResult] = []
     idles = []
@@ -204,8 +216,6 @@ def rank_summary(
     totals_us = {"compute": round(comp.measure(), 3), "comm": round(comm_us, 3), "memory": round(mem.measure(), 3)}
     del comp, comm, mem
     top, proxy = _top_items(t, tl, windows, window_us)
-    inside = _in_windows(windows)
-    in_win = [c for c in instances if c.start in inside]
     warnings = list(tl.warnings)
     if windows and windows[0].step is not None and len(windows) > 1:
         warnings.append(f"step {windows[0].step} is the first profiled step and may absorb one-off work")
@@ -223,7 +233,7 @@ def rank_summary(
         totals_us=totals_us,
         per_step=per_step,
         top_items=top,
-        collectives=summarize(in_win),
+        collectives=collectives,
         launch=launch,
         memory_bound_proxy_pct_of_compute=proxy,
         hta_compat=hta,
