@@ -11,6 +11,7 @@ from service.profiles.collectives import Matched, RankCollectives, collect_insta
 from service.profiles.diagnosis import diagnose
 from service.profiles.errors import TraceError
 from service.profiles.events import DEFAULT_MAX_EVENTS, RankTrace, load_rank_trace
+from service.profiles.heap import release_free_heap
 from service.profiles.hta_compat import hta_compat_for_rank, local_step_symbols
 from service.profiles.intervals import Spans, Union, clip, intersect, measure, union
 from service.profiles.models import CrossRank, HtaCompat, ProfileSummary, RankSummary, Straggler
@@ -171,6 +172,7 @@ def analyze_traces(
             world, backend = _distributed_info(trace)
         passes.append(_analyse_rank(trace, index, world))
         del trace
+        release_free_heap()  # so that the next rank's peak is not added to this one's holes
     step_filter = len(set().union(*(p.step_symbols for p in passes))) >= 2
     matched = match_across_ranks({p.summary.rank: p.collectives for p in passes} if len(passes) > 1 else {})
     peer_wait = {p.summary.rank: 0.0 for p in passes}
