@@ -22,7 +22,7 @@ from service.profiles.errors import TraceError
 from service.profiles.reader import DEFAULT_MAX_VALUE_CHARS, EventBatches, read_trace
 
 DEFAULT_MAX_EVENTS = 4_000_000
-"""Complete events kept per rank before a file is refused. Analysis peaks at 145-325 bytes per kept
+"""Complete events kept per rank before a file is refused. Analysis peaks at 95-325 bytes per kept
 event of the largest rank (benchmarks/profile_analyze.py measures it; 325 on CPU-only traces), so
 this bounds the analysis near 1.3 GB; a profile of a few steps holds far fewer (python_function
 events are skipped and do not count)."""
