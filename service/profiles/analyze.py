@@ -85,9 +85,9 @@ def _analyse_rank(trace: RankTrace, index: int, world: int | None) -> _RankPass:
     del instances
     rank = trace.rank if trace.rank is not None else index
     summary = rank_summary(rank, trace, tl, in_window, hta[choices[0]], launch)
-    in_windows = tl.comm.within(union((w.start, w.end) for w in tl.windows)).union()
+    in_windows = tl.comm.within(union((w.start, w.end) for w in tl.windows))
     alone = tl.memory.subtract_from(tl.compute.subtract_from(in_windows))
-    return _RankPass(trace.path, trace.rank, summary, tl.windows, collectives, symbols, hta, Spans.of(alone))
+    return _RankPass(trace.path, trace.rank, summary, tl.windows, collectives, symbols, hta, alone)
 
 
 def _with_peer_wait(p: _RankPass, total_us: float, waiting: Union, step_filter: bool) -> RankSummary:

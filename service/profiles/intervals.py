@@ -166,9 +166,10 @@ class Spans:
         return _trimmed(list(zip(self.starts[lo:hi].tolist(), self.ends[lo:hi].tolist(), strict=True)), start, end)
 
     def within(self, other: Spans | Union) -> Spans:
-        """``intersect(self.union(), other)`` for a sorted disjoint ``other``: for each of its intervals
-        in order, the pieces of this union inside it. Vectorised: on a rank's communication spans a
-        loop made two small arrays per interval, several hundred KB at the rank's memory peak."""
+        """``intersect(self.union(), other)`` for a union ``other`` (sorted, disjoint, none empty; they
+        may touch): for each of its intervals in order, the pieces of this union inside it. Vectorised:
+        on a rank's communication spans a loop made two small arrays per interval, several hundred KB
+        at the rank's memory peak."""
         if not isinstance(other, Spans):
             other = Spans.of(other)
         # the run of this union's intervals that meets each interval of ``other``: [lo, hi), never
@@ -187,9 +188,15 @@ class Spans:
             np.maximum(self.starts[mine], other.starts[owner]), np.minimum(self.ends[mine], other.ends[owner])
         )
 
-    def subtract_from(self, u: Union) -> Union:
-        """``subtract(u, self.union())``, one interval of ``u`` at a time against its clipped part."""
-        out: Union = []
-        for s, e in u:
-            out.extend(subtract([(s, e)], self.clip(s, e)))
-        return out
+    def gaps(self) -> Spans:
+        """The complement: the stretches between this union's intervals, from -inf to +inf (none empty,
+        so a union whose intervals touch has no gap where they touch)."""
+        starts = np.concatenate(([-np.inf], self.ends))
+        ends = np.concatenate((self.starts, [np.inf]))
+        keep = starts < ends
+        return Spans(starts[keep], ends[keep])
+
+    def subtract_from(self, u: Union | Spans) -> Spans:
+        """``subtract(u, self.union())`` for a union ``u``: the pieces of each interval of ``u`` outside
+        this union, in order (the gaps' pieces inside ``u``)."""
+        return self.gaps().within(u)

@@ -57,4 +57,14 @@ def test_clip_and_measure_are_the_list_forms(raw: list[tuple[float, float]], sta
 def test_subtract_from_is_subtract(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> None:
     u, spans = _spans(a)
     other = union(b)
-    assert spans.subtract_from(other) == subtract(other, u)
+    expected = subtract(other, u)
+    assert spans.subtract_from(other).union() == expected
+    assert spans.subtract_from(Spans.of(other)).union() == expected
+
+
+def test_subtract_from_leaves_nothing_where_intervals_only_touch() -> None:
+    touching = Spans.of([(0.0, 5.0), (5.0, 10.0)])  # as `within` may give, pieces of two windows
+    assert touching.gaps().union() == [(-float("inf"), 0.0), (10.0, float("inf"))]
+    assert touching.subtract_from([(3.0, 8.0)]).union() == []
+    assert touching.subtract_from([(-2.0, 12.0)]).union() == [(-2.0, 0.0), (10.0, 12.0)]
+    assert Spans.of([]).subtract_from([(1.0, 2.0)]).union() == [(1.0, 2.0)]
