@@ -31,7 +31,7 @@ from service.scheduling.model import TeamQuota
 from service.settings import Settings
 from service.spec import TrainingSpec
 from service.store.jobs import NewJob, body_hash, find_idempotent, idempotency_scope, visible_job
-from service.store.pools import SourcedPool, effective_pools, managed, matching
+from service.store.pools import SourcedPool, effective_pools, in_effect, managed, matching
 from service.store.submissions import QueuedJob, SubmittingTeam, insert_jobs, submitting_team
 from service.store.tokens import NotFound, Principal, no_such_team
 from service.store.vocab import Role
@@ -314,7 +314,7 @@ def submit_job(db: sessionmaker[Session], principal: Principal, spec: TrainingSp
         with db.begin() as session:
             team = resolve_team(session, team_name)
             check_priority(principal, team, spec.priority)
-            check_pools(session, spec, result, local_gpus)
+            check_pools(session, spec, result, local_gpus, pools=in_effect(team.pools, local_gpus))
             [job] = insert_jobs(session, [NewJob(team=team, spec=stored_spec, plan=result)], actor=principal.actor,
                                 idempotency=idem)
             return Submitted(job.id, True, encoded(new_job_out(job)), job.team_name)

@@ -15,6 +15,7 @@ class (`kueue_queue_for`). Where a backend and kind have both, the Kueue pools t
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sqlalchemy import delete, select
@@ -54,7 +55,12 @@ def stored_pools(session: Session) -> list[SourcedPool]:
 def effective_pools(session: Session, local_gpus: str | None = None) -> list[SourcedPool]:
     """The pools admission and submit use: the stored ones, and this machine's detected pools when
     none of the local backend is stored (`local_gpus`: SHARDCTL_LOCAL_GPUS, instead of detecting)."""
-    pools = stored_pools(session)
+    return in_effect(stored_pools(session), local_gpus)
+
+
+def in_effect(stored: Iterable[SourcedPool], local_gpus: str | None = None) -> list[SourcedPool]:
+    """`effective_pools` from the stored pools already read (by name or not)."""
+    pools = list(stored)
     if not any(p.pool.backend == BackendKind.LOCAL for p in pools):
         taken = {p.pool.name for p in pools}
         pools += [SourcedPool(p, DETECTED) for p in local_pools(local_gpus) if p.name not in taken]
@@ -158,6 +164,6 @@ def kueue_queue_for(session: Session, pool: str | None, team: str, priority: int
     return kueue_queue(team, priority, bands_of(all_quotas(session).values()))
 
 
-__all__ = ["API", "DETECTED", "FILE", "SourcedPool", "delete_pool", "effective_pools", "get_pool", "kueue_kinds",
-           "kueue_queue_for", "load_at_start", "managed", "matching", "put_pool", "record_detected",
+__all__ = ["API", "DETECTED", "FILE", "SourcedPool", "delete_pool", "effective_pools", "get_pool", "in_effect",
+           "kueue_kinds", "kueue_queue_for", "load_at_start", "managed", "matching", "put_pool", "record_detected",
            "replace_file_pools", "stored_pools"]

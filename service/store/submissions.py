@@ -3,8 +3,8 @@
 The submission path (`service.api.submission`) calls this once per request, single or batch, so a
 job, its event, its webhook deliveries and its idempotency key commit together or not at all. It is
 the API's hottest write, so it is Core statements on the session's connection, not the ORM's unit of
-work: the team with everything a submission checks of it in one read (`submitting_team`), then one
-INSERT of the jobs and one of their events, whatever the batch size.
+work: the team with everything a submission checks of it, and the stored pools, in one read
+(`submitting_team`), then one INSERT of the jobs and one of their events, whatever the batch size.
 """
 
 from __future__ import annotations
@@ -14,14 +14,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, insert, select
+from sqlalchemy import bindparam, insert, select, true
 from sqlalchemy.orm import Session
 
 from service.backend_options import BackendKind
 from service.planner.result import Plan
 from service.spec import TrainingSpec
 from service.store.jobs import NewJob
-from service.store.models import Event, IdempotencyKey, Job, Team, TeamQuotaRow, utcnow
+from service.store.models import Event, IdempotencyKey, Job, PoolRow, Team, TeamQuotaRow, utcnow
+from service.store.pools import SourcedPool
 from service.store.tokens import ensure_team
 from service.store.vocab import EventKind, JobStatus
 from service.store.webhooks import WrittenEvent, enqueue_written, known_unsubscribed, subscribed
@@ -29,9 +30,11 @@ from service.store.webhooks import WrittenEvent, enqueue_written, known_unsubscr
 QUEUED_MESSAGE = "planned and queued"
 QUEUED_KIND = EventKind.status(JobStatus.QUEUED)
 
-# Built once: building a statement costs more CPU than PostgreSQL spends running it.
-_TEAM = (select(Team.id, Team.name, TeamQuotaRow.quota, subscribed(Team.id))
-         .outerjoin(TeamQuotaRow, TeamQuotaRow.team_id == Team.id).where(Team.name == bindparam("name")))
+# Built once: building a statement costs more CPU than PostgreSQL spends running it. The team's row
+# comes once per stored pool (once, with no pool, when there is none): a submission checks both.
+_TEAM = (select(Team.id, Team.name, TeamQuotaRow.quota, subscribed(Team.id), PoolRow.pool, PoolRow.source)
+         .outerjoin(TeamQuotaRow, TeamQuotaRow.team_id == Team.id).outerjoin(PoolRow, true())
+         .where(Team.name == bindparam("name")).order_by(PoolRow.name))
 _INSERT_JOBS = insert(Job).returning(Job.id, sort_by_parameter_order=True)
 _INSERT_EVENTS = insert(Event).returning(Event.id, sort_by_parameter_order=True)
 _INSERT_KEY = insert(IdempotencyKey)
@@ -47,20 +50,24 @@ class SubmittingTeam:
     max_priority: int | None
     #: whether any live webhook gets its events (False: no delivery to enqueue, nothing more to read)
     subscribed: bool
+    #: every stored pool, by name, read in the same statement (`pools.in_effect` adds detected ones)
+    pools: tuple[SourcedPool, ...] = ()
 
 
 def submitting_team(session: Session, name: str, *, create: bool = False) -> SubmittingTeam | None:
-    """The team `name` with its quota's `max_priority` and whether a webhook gets its events, in one
-    read; None when there is no such team, unless `create`: then it is created first (`ensure_team`,
-    safe against a racing request). Within the transaction, `enqueue` reads no subscriptions of a team
-    found unsubscribed here."""
-    row = session.connection().execute(_TEAM, {"name": name}).first()
-    if row is None and create:
+    """The team `name` with its quota's `max_priority`, whether a webhook gets its events and the
+    stored pools, in one read; None when there is no such team, unless `create`: then it is created
+    first (`ensure_team`, safe against a racing request). Within the transaction, `enqueue` reads no
+    subscriptions of a team found unsubscribed here."""
+    rows = session.connection().execute(_TEAM, {"name": name}).all()
+    if not rows and create:
         ensure_team(session, name)
-        row = session.connection().execute(_TEAM, {"name": name}).first()
-    if row is None:
+        rows = session.connection().execute(_TEAM, {"name": name}).all()
+    if not rows:
         return None
-    team = SubmittingTeam(row[0], row[1], row[2].max_priority if row[2] is not None else None, bool(row[3]))
+    row = rows[0]
+    pools = tuple(SourcedPool(r[4], r[5]) for r in rows if r[4] is not None)
+    team = SubmittingTeam(row[0], row[1], row[2].max_priority if row[2] is not None else None, bool(row[3]), pools)
     if not team.subscribed:
         known_unsubscribed(session, team.id)
     return team
