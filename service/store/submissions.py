@@ -37,6 +37,16 @@ _TEAM = (select(Team.id, Team.name, TeamQuotaRow.quota, subscribed(Team.id), Poo
          .where(Team.name == bindparam("name")).order_by(PoolRow.name))
 _INSERT_JOBS = insert(Job).returning(Job.id, sort_by_parameter_order=True)
 _INSERT_EVENTS = insert(Event).returning(Event.id, sort_by_parameter_order=True)
+_JOB_FIELDS = ("name", "team_id", "status", "backend", "priority", "spec", "plan", "created_by", "created_at",
+               "updated_at", "finished_at", "layout", "predicted_step_s", "gpu", "gpus", "predicted_s")
+_EVENT_FIELDS = ("at", "actor", "kind", "message", "data")
+# One job and its event in one statement (PostgreSQL: a data-modifying CTE): the event's fields are
+# bound as event_<field>, with the event column's type.
+_QUEUED_JOB = insert(Job).values({f: bindparam(f) for f in _JOB_FIELDS}).returning(Job.id).cte("queued_job")
+_INSERT_JOB_AND_EVENT = insert(Event).from_select(
+    ["job_id", *_EVENT_FIELDS],
+    select(_QUEUED_JOB.c.id, *(bindparam(f"event_{f}", type_=Event.__table__.c[f].type) for f in _EVENT_FIELDS)),
+).returning(Event.job_id, Event.id)
 _INSERT_KEY = insert(IdempotencyKey)
 
 
@@ -117,8 +127,9 @@ def insert_jobs(session: Session, batch: Sequence[NewJob], *, actor: str,
     """Insert QUEUED jobs for `batch` (in its order), one `job.queued` event each (and the webhook
     deliveries it matches), and the idempotency key (scope, key, body hash) of a single submission.
 
-    One INSERT of the jobs and one of the events whatever the batch size (and one of the key); the
-    returned jobs carry their ids and timestamps, so a response needs no read back. A racing request
+    One INSERT of the jobs and one of the events whatever the batch size (one statement for both, for
+    one job on PostgreSQL), and one of the key; the returned jobs carry their ids and timestamps, so a
+    response needs no read back. A racing request
     with the same idempotency key makes the key's INSERT fail with `IntegrityError` (the caller looks
     the key up again).
     """
@@ -128,11 +139,17 @@ def insert_jobs(session: Session, batch: Sequence[NewJob], *, actor: str,
         return []
     conn, now = session.connection(), utcnow()
     rows = [_queued_values(new, actor=actor, now=now) for new in batch]
-    ids = list(conn.execute(_INSERT_JOBS, _params(rows)).scalars())
     data = [{"layout": new.plan.layout.to_dict(), "step_s": new.plan.time.step_s} for new in batch]
-    events = [{"job_id": job_id, "at": now, "actor": actor, "kind": QUEUED_KIND, "message": QUEUED_MESSAGE,
-               "data": event_data} for job_id, event_data in zip(ids, data, strict=True)]
-    event_ids = list(conn.execute(_INSERT_EVENTS, _params(events)).scalars())
+    if len(batch) == 1 and conn.dialect.name == "postgresql":
+        event = {"event_at": now, "event_actor": actor, "event_kind": QUEUED_KIND, "event_message": QUEUED_MESSAGE,
+                 "event_data": data[0]}
+        job_id, event_id = conn.execute(_INSERT_JOB_AND_EVENT, {**rows[0], **event}).one()
+        ids, event_ids = [job_id], [event_id]
+    else:
+        ids = list(conn.execute(_INSERT_JOBS, _params(rows)).scalars())
+        events = [{"job_id": job_id, "at": now, "actor": actor, "kind": QUEUED_KIND, "message": QUEUED_MESSAGE,
+                   "data": event_data} for job_id, event_data in zip(ids, data, strict=True)]
+        event_ids = list(conn.execute(_INSERT_EVENTS, _params(events)).scalars())
     jobs = [QueuedJob(id=job_id, name=row["name"], team_id=new.team.id, team_name=new.team.name,
                       backend=row["backend"], priority=row["priority"], created_at=now, layout=row["layout"],
                       predicted_step_s=row["predicted_step_s"], spec=new.spec, plan=new.plan)

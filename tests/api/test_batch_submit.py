@@ -120,3 +120,24 @@ def test_a_batch_stops_planning_past_its_budget_and_stores_nothing(env: Env, adm
     assert error["code"] == "plan_too_costly" and "after 1 of its 2 specs" in error["message"]
     assert "fewer distinct specs" in error["message"]
     assert env.client.get("/v1/jobs", headers=admin).json()["items"] == []
+
+
+def test_one_submission_stores_every_column_a_batch_item_stores(env: Env, admin: dict[str, str]) -> None:
+    """One job takes a statement of its own on PostgreSQL (the job and its event in one), a batch the
+    general INSERTs: both must write the same rows."""
+    spec = tiny(name="same", priority=2)
+    single = env.client.post("/v1/jobs", json=spec, headers=admin)
+    batch = env.client.post(BATCH, json={"specs": [spec, tiny(name="other")]}, headers=admin)
+    assert single.status_code == 201 and batch.status_code == 201, (single.text, batch.text)
+    ids = [single.json()["id"], batch.json()["items"][0]["id"]]
+    varying = {"id", "created_at", "updated_at"}  # the ids, and the time each was written
+
+    with env.app.state.sessions.begin() as session:
+        jobs = [session.get(Job, job_id) for job_id in ids]
+        rows = [{c.key: getattr(job, c.key) for c in Job.__table__.columns if c.key not in varying} for job in jobs]
+        events = [[(e.actor, e.kind, e.message, e.data) for e in
+                   session.query(Event).filter(Event.job_id == job_id).order_by(Event.id)] for job_id in ids]
+        assert all(e.at == job.created_at for job in jobs for e in session.query(Event).filter(Event.job_id == job.id))
+    assert rows[0] == rows[1]
+    assert rows[0]["spec"].name == "same" and rows[0]["gpus"] >= 1 and rows[0]["predicted_s"] is not None
+    assert events[0] == events[1] and [kind for _, kind, _, _ in events[0]] == ["job.queued"]
