@@ -168,11 +168,20 @@ def list_jobs(session: Session, principal: Principal, filters: JobFilter, *, lim
     return _page(session, select(Job), principal, filters, limit, cursor, sort)
 
 
+def _summary_columns() -> Select[Any]:
+    # The tables' own columns, not the ORM's attributes: a page's statement is built per request on
+    # this one, and SQLAlchemy matches its result columns to the cached compiled statement's by dict
+    # key. The ORM's annotated copies equal the table's columns by hash but not by identity, so each
+    # lookup ran their `==`, which builds a SQL expression: 15% of a list request's CPU.
+    jobs, teams = Job.__table__, Team.__table__
+    return (select(jobs.c.id, jobs.c.name, jobs.c.team_id, jobs.c.status, jobs.c.backend, jobs.c.priority,
+                   jobs.c.created_at, jobs.c.updated_at, jobs.c.finished_at, jobs.c.layout, jobs.c.predicted_step_s,
+                   jobs.c.gpus, teams.c.name.label("team_name"))
+            .join(teams, teams.c.id == jobs.c.team_id))
+
+
 #: What a list shows of a job (`JobSummary`), with its team's name as `team_name`, and `gpus` for the sort.
-_SUMMARY_COLUMNS = (select(Job.id, Job.name, Job.team_id, Job.status, Job.backend, Job.priority, Job.created_at,
-                           Job.updated_at, Job.finished_at, Job.layout, Job.predicted_step_s, Job.gpus,
-                           Team.name.label("team_name"))
-                    .join(Team, Team.id == Job.team_id))
+_SUMMARY_COLUMNS = _summary_columns()
 
 
 def list_job_rows(conn: Connection, principal: Principal, filters: JobFilter, *, limit: int = 50,
