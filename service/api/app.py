@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import anyio.to_thread
-from fastapi import FastAPI, params
+from fastapi import Depends, FastAPI, params
 from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 from sqlalchemy import Engine
@@ -54,6 +54,7 @@ from service.api.routers import pools as pool_routes
 from service.api.routers import scheduling as scheduling_routes
 from service.api.schemas import ErrorField
 from service.api.shortcuts import Shortcut, ShortcutRequest
+from service.api.single_valued import single_valued_query
 from service.api.submission import PlanRunner
 from service.api.ui import mount_ui
 from service.api.ui.docs_assets import mount_docs
@@ -421,7 +422,9 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     settings = settings or Settings()
     engine = engine or make_engine(settings.resolved_database_url)
     app = FastAPI(title="shardctl", version="0.1.0", docs_url=None, redoc_url=None,  # mount_docs: vendored assets
-                  description="Plan, launch and track distributed training jobs.", lifespan=_lifespan)
+                  description="Plan, launch and track distributed training jobs.", lifespan=_lifespan,
+                  dependencies=[Depends(single_valued_query)])
+    app.state.single_valued_query = {}
     app.state.settings = settings
     app.state.streams = jobs.StreamSlots()
     app.state.analyses = AnalysisPool(settings.profile_workers, settings.profile_queue)

@@ -108,18 +108,17 @@ def test_the_list_is_one_token_lookup_on_one_connection_with_the_routes_answers(
 
 
 def test_a_list_query_the_shortcut_does_not_read_is_the_routes_to_answer(env: Env, admin: dict[str, str]) -> None:
-    """A value the route refuses is its 422, naming the parameter; a leading zero or a repeated
-    parameter is read by the route as it always was; a bad token is a 401."""
+    """A value the route refuses is its 422, naming the parameter, and so is a parameter that takes one
+    value given twice; a leading zero is read by the route as it always was; a bad token is a 401."""
     _job(env, admin)
     for query, loc in (("status=running", "query.status.0"), ("limit=0", "query.limit"),
                        (f"limit={10**6}", "query.limit"), ("sort=color", "query.sort"),
                        ("team=Not_A_Label", "query.team"), ("cursor=***", "query.cursor"),
                        ("cursor=abc", "query.cursor"), ("backend=mainframe", "query.backend"),
-                       (f"name={'x' * 201}", "query.name")):
+                       (f"name={'x' * 201}", "query.name"), ("limit=5&limit=1", "query.limit")):
         r = env.client.get(f"/v1/jobs?{query}", headers=admin)
         assert r.status_code == 422, (query, r.text)
         assert r.json()["error"]["fields"][0]["loc"] == loc, (query, r.text)
     assert _page(env, admin, "limit=01") == _page(env, admin, "limit=1")
-    assert _page(env, admin, "limit=5&limit=1") == _page(env, admin, "limit=1")  # the last one, as FastAPI reads
     r = env.client.get("/v1/jobs", headers={"Authorization": "Bearer shc_0123456789abcdef_not-a-real-secret"})
     assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer"
