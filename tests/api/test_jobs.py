@@ -282,3 +282,15 @@ def test_a_job_read_shows_its_attempts_in_order_and_the_newest_measurement_of_ea
         assert job == job_out(session, visible_job(session, principal, job_id, detail=True)).model_dump(mode="json")
     other = env.headers(env.token("member", team="beta"))
     assert env.client.get(f"/v1/jobs/{job_id}", headers=other).status_code == 404
+
+
+@pytest.mark.parametrize("key", ["", "k" * 201])
+def test_an_idempotency_key_outside_its_documented_length_is_a_422_naming_the_header(
+        env: Env, admin: dict[str, str], key: str) -> None:
+    r = env.client.post("/v1/jobs", json=tiny(name="keyed"), headers={**admin, "Idempotency-Key": key})
+    assert r.status_code == 422, r.text[:300]
+    assert [f["loc"] for f in r.json()["error"]["fields"]] == ["header.idempotency-key"]
+    assert env.client.get("/v1/jobs", headers=admin).json()["items"] == []
+    schema = env.client.get("/openapi.json").json()["paths"]["/v1/jobs"]["post"]["parameters"]
+    [header] = [p for p in schema if p["name"] == "idempotency-key"]
+    assert (header["schema"]["anyOf"][0]["minLength"], header["schema"]["anyOf"][0]["maxLength"]) == (1, 200)

@@ -36,7 +36,7 @@ from service.api.schemas import ErrorField, ErrorResponse, EventOut, JobOut, Job
 from service.api.shortcuts import ShortcutRequest, ShortcutTaken
 from service.api.sse import KEEP_ALIVE, sse_message
 from service.api.stream_auth import StreamAuth, as_stream_auth, for_stream
-from service.api.submission import submit_job
+from service.api.submission import MAX_KEY, submit_job
 from service.api.views import detail_out, encoded, event_out, job_out, job_summary
 from service.backend_options import BackendKind
 from service.names import Label
@@ -103,9 +103,10 @@ def storable(value: object, *, code: str = "validation_error") -> None:
                         503: {"model": ErrorResponse}},
              summary="Plan and queue a job")
 def create_job(spec: TrainingSpec, principal: Person, request: Request,
-               idempotency_key: Annotated[str | None, Header()] = None) -> Response:
+               idempotency_key: Annotated[str | None, Header(min_length=1, max_length=MAX_KEY)] = None) -> Response:
     """201 with the new job; 200 with the first job when the same `Idempotency-Key` and body come
-    again; 409 when the key comes with a different body; 422 when no layout fits. Answered by the
+    again; 409 when the key comes with a different body; 422 when no layout fits or the key is empty
+    or longer than the document says (the shortcut's 400 for it goes to this route). Answered by the
     request gate's `create_job_shortcut` for a bearer token it finds valid and a spec it submits."""
     return submission_answer(request.app, principal, spec, idempotency_key)
 
