@@ -102,13 +102,15 @@ def _as_int(value: Any, default: int = -1) -> int:
 
 
 _INT_CODES = ("i", "q")
-"""Signed array type codes, narrowest first; ``array`` and ``numpy`` read them alike."""
+"""Signed array type codes, narrowest first; ``array`` and ``numpy`` read them alike. Not ``b`` or
+``h``: numpy's loops for 8- and 16-bit integers are more of its code read in on first use, which
+cost small traces more memory than the narrower columns saved."""
 
 
 def narrowed(values: array[int]) -> array[int]:
-    """``values`` in the narrowest signed integer type that holds them all (the same object when that
-    is its own type). Index and id columns are built wide while a file is read, since their range is
-    not known until the end; most hold small numbers (tens of names, a handful of streams)."""
+    """``values`` in the narrowest of ``_INT_CODES`` that holds them all (the same object when that is
+    its own type). Stream and correlation ids are built 64-bit while a file is read, since their range
+    is not known until the end; they almost always fit in 32."""
     if not values:
         return values
     ints = column(values)
@@ -128,9 +130,9 @@ def column(values: array[Any]) -> npt.NDArray[Any]:
 
 @dataclass
 class RankTrace:
-    """One rank's events in columns; index ``i`` addresses the same event in every column. Integer
-    columns are built as ``i``/``q`` arrays and narrowed once the file is read (``narrowed``): read
-    them through ``column`` or by index, never assuming a width."""
+    """One rank's events in columns; index ``i`` addresses the same event in every column. ``stream``
+    and ``correlation`` are narrowed to 32 bits once the file is read where their values fit
+    (``narrowed``): read columns through ``column`` or by index, never assuming a width."""
 
     path: Path
     meta: dict[str, Any]
@@ -402,6 +404,5 @@ def load_rank_trace(
     trace.meta = read_trace(path, builder.add, max_value_chars=max_value_chars, batch=batches)
     if len(trace) == 0:
         raise TraceError(path, "traceEvents holds no complete ('X') events with a duration: nothing to analyse")
-    for name in ("name_idx", "cat_idx", "thread_idx", "stream", "correlation"):
-        setattr(trace, name, narrowed(getattr(trace, name)))
+    trace.stream, trace.correlation = narrowed(trace.stream), narrowed(trace.correlation)
     return trace

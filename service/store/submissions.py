@@ -37,6 +37,7 @@ _TEAM = (select(Team.id, Team.name, TeamQuotaRow.quota, subscribed(Team.id), Poo
          .where(Team.name == bindparam("name")).order_by(PoolRow.name))
 _INSERT_JOBS = insert(Job).returning(Job.id, sort_by_parameter_order=True)
 _INSERT_EVENTS = insert(Event).returning(Event.id, sort_by_parameter_order=True)
+# The keys of `_queued_values`: tests/api/test_batch_submit.py fails on PostgreSQL when they part.
 _JOB_FIELDS = ("name", "team_id", "status", "backend", "priority", "spec", "plan", "created_by", "created_at",
                "updated_at", "finished_at", "layout", "predicted_step_s", "gpu", "gpus", "predicted_s")
 _EVENT_FIELDS = ("at", "actor", "kind", "message", "data")
@@ -129,9 +130,8 @@ def insert_jobs(session: Session, batch: Sequence[NewJob], *, actor: str,
 
     One INSERT of the jobs and one of the events whatever the batch size (one statement for both, for
     one job on PostgreSQL), and one of the key; the returned jobs carry their ids and timestamps, so a
-    response needs no read back. A racing request
-    with the same idempotency key makes the key's INSERT fail with `IntegrityError` (the caller looks
-    the key up again).
+    response needs no read back. A racing request with the same idempotency key makes the key's INSERT
+    fail with `IntegrityError` (the caller looks the key up again).
     """
     if idempotency is not None and len(batch) != 1:
         raise ValueError("an idempotency key names one job: submit a batch without one")
