@@ -1,5 +1,5 @@
-"""Integer columns are narrowed per trace once it is read; ids past 32 bits keep their 64-bit column
-and analyse exactly as small ones do."""
+"""Stream and correlation ids are narrowed to 32 bits once a trace is read; ids past 32 bits keep
+their 64-bit column and analyse exactly as small ones do."""
 
 from __future__ import annotations
 
