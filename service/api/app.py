@@ -48,13 +48,13 @@ from service.api.deps import (
 from service.api.errors import ApiError, RouteEntry, routes_of
 from service.api.logs_source import LogReader
 from service.api.metrics import make_metrics
+from service.api.query_check import checked_query
 from service.api.routers import calibration as calibration_routes
 from service.api.routers import events, health, job_batches, jobs, logs, plans, profiles, teams, tokens, webhooks
 from service.api.routers import pools as pool_routes
 from service.api.routers import scheduling as scheduling_routes
 from service.api.schemas import ErrorField
 from service.api.shortcuts import Shortcut, ShortcutRequest
-from service.api.single_valued import single_valued_query
 from service.api.submission import PlanRunner
 from service.api.ui import mount_ui
 from service.api.ui.docs_assets import mount_docs
@@ -423,8 +423,8 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     engine = engine or make_engine(settings.resolved_database_url)
     app = FastAPI(title="shardctl", version="0.1.0", docs_url=None, redoc_url=None,  # mount_docs: vendored assets
                   description="Plan, launch and track distributed training jobs.", lifespan=_lifespan,
-                  dependencies=[Depends(single_valued_query)])
-    app.state.single_valued_query = {}
+                  dependencies=[Depends(checked_query)])
+    app.state.checked_query = {}
     app.state.settings = settings
     app.state.streams = jobs.StreamSlots()
     app.state.analyses = AnalysisPool(settings.profile_workers, settings.profile_queue)
