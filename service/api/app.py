@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import anyio.to_thread
-from fastapi import Depends, FastAPI, params
+from fastapi import FastAPI, params
 from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 from sqlalchemy import Engine
@@ -48,7 +48,7 @@ from service.api.deps import (
 from service.api.errors import ApiError, RouteEntry, routes_of
 from service.api.logs_source import LogReader
 from service.api.metrics import make_metrics
-from service.api.query_check import checked_query
+from service.api.query_check import QueryKeys, query_keys, query_problem
 from service.api.routers import calibration as calibration_routes
 from service.api.routers import events, health, job_batches, jobs, logs, plans, profiles, teams, tokens, webhooks
 from service.api.routers import pools as pool_routes
@@ -76,26 +76,30 @@ class RouteNeeds:
     token: bool  # the route needs a bearer token (it depends on `get_principal`)
     roles: bool  # ... of certain roles only (a 403 is possible)
     body: BodyKind  # a JSON body, a form (trace uploads), or none
+    query: QueryKeys  # the query parameters it takes (`query_check`)
 
 
-def _calls(dependant: Dependant) -> set[Any]:
-    found, stack = set(), [dependant]
+def _dependants(dependant: Dependant) -> list[Dependant]:
+    """`dependant` and every dependency under it."""
+    found, stack = [], [dependant]
     while stack:
         item = stack.pop()
-        if item.call is not None:
-            found.add(item.call)
+        found.append(item)
         stack.extend(item.dependencies)
     return found
 
 
-def route_needs(route: APIRoute) -> RouteNeeds:
-    calls = _calls(route.dependant)
+def route_needs(route: APIRoute, path: str) -> RouteNeeds:
+    """What the gate checks of `route`, served at `path` (its full template)."""
+    dependants = _dependants(route.dependant)
+    calls = {d.call for d in dependants if d.call is not None}
     body: BodyKind = None
     if route.body_field is not None:
         body = "form" if isinstance(route.body_field.field_info, params.Form) else "json"
     roles = bool(calls & {require_admin, require_person, require_reporter}) or (
         bearer in calls and get_principal not in calls)  # a route that reads the bearer itself (/metrics)
-    return RouteNeeds(token=get_principal in calls, roles=roles, body=body)
+    query = query_keys((f for d in dependants for f in d.query_params), path)
+    return RouteNeeds(token=get_principal in calls, roles=roles, body=body, query=query)
 
 
 def _media_type(content_type: str) -> str:
@@ -169,7 +173,9 @@ SHORTCUT_BODY_BYTES = 4096
 class RequestGate:
     """The checks that come before a route reads a body, in this order:
 
-    1. NUL characters in the path or query: 422 (PostgreSQL text cannot store them).
+    1. NUL characters in the path or query: 422 (PostgreSQL text cannot store them). A query parameter
+       the route does not take (on `/v1/...`), or one that takes one value given twice: 422 naming it
+       (`query_check`).
     2. For a route with a body that needs a token: a missing, malformed, unknown, revoked or expired
        bearer token is a 401 before a byte of the body is read (the principal found is kept for the
        route, so the token is looked up once).
@@ -190,8 +196,9 @@ class RequestGate:
     before it is read). A request it declines goes through the checks above and on to the route as any
     other, with the principal if the shortcut found it: the answers, and their order, are the same.
 
-    Routes without a body, and requests no route matches (404, 405), pass unread. The gate also times
-    each request to its first response byte, per route template, for `/metrics`.
+    Routes without a body, once their query is checked, and requests no route matches (404, 405),
+    pass unread. The gate also times each request to its first response byte, per route template, for
+    `/metrics`.
     """
 
     def __init__(self, app: ASGIApp, api: FastAPI) -> None:
@@ -200,7 +207,8 @@ class RequestGate:
 
     def _route(self, scope: Scope) -> tuple[RouteEntry, RouteNeeds] | None:
         if self._routes is None:  # the routes are all there by the first request
-            self._routes = [(e, route_needs(e.route)) for e in routes_of(self.api) if isinstance(e.route, APIRoute)]
+            self._routes = [(e, route_needs(e.route, e.path)) for e in routes_of(self.api)
+                            if isinstance(e.route, APIRoute)]
         path, method = scope["path"], scope["method"]
         for entry, needs in self._routes:
             if method in entry.methods and entry.regex.match(path):
@@ -249,6 +257,12 @@ class RequestGate:
         if found is None:
             return None, receive
         entry, needs = found
+        problem = query_problem(needs.query, scope.get("query_string", b""))
+        if problem is not None:
+            scope[ROUTE_SCOPE_KEY] = entry.path  # the latency metric's label for a request refused here
+            loc, message = problem
+            return errors.error_response(422, "validation_error", f"invalid request: {loc}: {message}",
+                                         fields=[ErrorField(loc=loc, message=message)]), receive
         principal: Principal | None = None
         shortcut = SHORTCUTS.get((scope["method"], entry.path))
         if shortcut is not None:
@@ -372,7 +386,7 @@ def document_responses(app: FastAPI, schema: dict[str, Any]) -> dict[str, Any]:
         route = entry.route
         if not isinstance(route, APIRoute) or not route.include_in_schema:
             continue
-        needs = route_needs(route)
+        needs = route_needs(route, entry.path)
         statuses = {422}
         if needs.token or needs.roles:
             statuses.add(401)
@@ -422,9 +436,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     settings = settings or Settings()
     engine = engine or make_engine(settings.resolved_database_url)
     app = FastAPI(title="shardctl", version="0.1.0", docs_url=None, redoc_url=None,  # mount_docs: vendored assets
-                  description="Plan, launch and track distributed training jobs.", lifespan=_lifespan,
-                  dependencies=[Depends(checked_query)])
-    app.state.checked_query = {}
+                  description="Plan, launch and track distributed training jobs.", lifespan=_lifespan)
     app.state.settings = settings
     app.state.streams = jobs.StreamSlots()
     app.state.analyses = AnalysisPool(settings.profile_workers, settings.profile_queue)

@@ -1,5 +1,6 @@
 """An API route's query string holds only parameters it takes, each single-valued one once: anything
-else is a 422 naming the parameter. List parameters repeat; the dashboard's pages are not checked."""
+else is the request gate's 422 naming the parameter, before any shortcut, token check or route. List
+parameters repeat; the dashboard's pages and the probes are not checked."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ def test_a_single_valued_parameter_given_twice_is_refused_by_name(env: Env, admi
 
 
 def test_a_parameter_the_route_does_not_take_is_refused_by_name(env: Env, admin: dict[str, str]) -> None:
-    """`?stauts=FAILED` once listed every job; now it names the typo and what the route takes. Routes
-    with a shortcut (the list, a job, a submission, a heartbeat) refuse it as their routes do."""
+    """`?stauts=FAILED` once listed every job; now it names the typo and what the route takes, on the
+    routes with a shortcut (the list, a job, a submission, a heartbeat) as on the others."""
     job = env.client.post("/v1/jobs", json=tiny(name="one"), headers=admin).json()
     listed = env.client.get("/v1/jobs?stauts=FAILED", headers=admin)
     assert listed.status_code == 422, listed.text
@@ -42,6 +43,7 @@ def test_a_parameter_the_route_does_not_take_is_refused_by_name(env: Env, admin:
         [field] = r.json()["error"]["fields"]
         assert field["loc"].startswith("query.") and "not a query parameter" in field["message"], (url, r.text)
     assert [j["name"] for j in env.client.get("/v1/jobs", headers=admin).json()["items"]] == ["one"]
+    assert env.client.get("/v1/jobs?stauts=FAILED").status_code == 422  # before the token check, as NUL is
     assert env.client.get("/healthz?probe=1").status_code == 200  # probes are not the JSON API
 
 

@@ -135,8 +135,6 @@ async def create_job_shortcut(api: FastAPI, request: ShortcutRequest) -> Shortcu
     submission that `submit_job` refuses (400, 403, 409, 422, 503, a concurrent change): nothing was
     committed, and the route submits again and answers through the app's exception handlers. A job
     token's submission goes to the route's 403."""
-    if request.query:  # it takes no query parameters: the route's 422 (`query_check`)
-        return None
     try:
         spec = TrainingSpec.model_validate(request.body)
     except ValidationError:  # the route's 422, formatted by its handler
@@ -309,9 +307,9 @@ async def job_shortcut(api: FastAPI, request: ShortcutRequest) -> ShortcutTaken 
     """`get_job` as the request gate's shortcut (`service.api.app.SHORTCUTS`): the token check and the
     reads on one connection in one thread hop, where the route takes two of each. A job id that is not
     plainly one (`_shortcut_job_id`), or a job the token may not see, is left to the route (its answer,
-    a 422 or a 404 among them), and so is any query string (it takes none: `query_check`)."""
+    a 422 or a 404 among them)."""
     job_id = _shortcut_job_id(request.path_params)
-    if job_id is None or request.query:
+    if job_id is None:
         return None
     return await anyio.to_thread.run_sync(_with_token, api, request.secret,
                                           lambda conn, principal: job_answer(conn, principal, job_id))
@@ -498,10 +496,9 @@ async def heartbeat_shortcut(api: FastAPI, request: ShortcutRequest) -> Shortcut
 
     It answers only what `report` would answer the same way: a job id `JobId` takes, a body that
     `MeasurementIn` takes as a heartbeat, a job or admin token, a job that token may see. It declines
-    anything else, having stored nothing, and the route answers as it always does (401, 403, 404, 422),
-    a query string among them (it takes none: `query_check`)."""
+    anything else, having stored nothing, and the route answers as it always does (401, 403, 404, 422)."""
     job_id = _shortcut_job_id(request.path_params)
-    if job_id is None or request.query:
+    if job_id is None:
         return None
     try:
         measured = MeasurementIn.model_validate(request.body)
