@@ -101,25 +101,18 @@ def _as_int(value: Any, default: int = -1) -> int:
         return default
 
 
-_INT_CODES = ("i", "q")
-"""Signed array type codes, narrowest first; ``array`` and ``numpy`` read them alike. Not ``b`` or
-``h``: numpy's loops for 8- and 16-bit integers are more of its code read in on first use, which
-cost small traces more memory than the narrower columns saved."""
+_INT32 = np.iinfo(np.int32)
 
 
 def narrowed(values: array[int]) -> array[int]:
-    """``values`` in the narrowest of ``_INT_CODES`` that holds them all (the same object when that is
-    its own type). Stream and correlation ids are built 64-bit while a file is read, since their range
-    is not known until the end; they almost always fit in 32."""
-    if not values:
-        return values
+    """``values`` as a 32-bit column when every value fits, else ``values`` itself. Stream and
+    correlation ids are built 64-bit while a file is read, since their range is not known until the
+    end; they almost always fit in 32. Not in 8 or 16: numpy's loops for those widths are more of its
+    code read in on first use, which cost small traces more memory than the narrower columns saved."""
     ints = column(values)
-    lo, hi = int(ints.min()), int(ints.max())
-    for code in _INT_CODES:
-        info = np.iinfo(np.dtype(code))
-        if info.min <= lo and hi <= info.max:
-            return values if code == values.typecode else array(code, ints.astype(code).tobytes())
-    return values
+    if values.typecode == "i" or not len(ints) or not _INT32.min <= ints.min() <= ints.max() <= _INT32.max:
+        return values
+    return array("i", ints.astype(np.int32).tobytes())
 
 
 def column(values: array[Any]) -> npt.NDArray[Any]:
