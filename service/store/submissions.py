@@ -62,7 +62,7 @@ class SubmittingTeam:
     #: whether any live webhook gets its events (False: no delivery to enqueue, nothing more to read)
     subscribed: bool
     #: every stored pool, by name, read in the same statement (`pools.in_effect` adds detected ones)
-    pools: tuple[SourcedPool, ...] = ()
+    pools: tuple[SourcedPool, ...]
 
 
 def submitting_team(session: Session, name: str, *, create: bool = False) -> SubmittingTeam | None:

@@ -18,7 +18,7 @@ FIXTURE = Path(__file__).parent / "fixtures" / "synthetic_gpu" / "rank-0.json.gz
 SHIFT = 2**40  # correlation ids that need 64 bits
 
 
-def test_narrowed_picks_the_narrowest_type_that_holds_every_value() -> None:
+def test_narrowed_is_32_bit_where_every_value_fits_and_else_the_same_column() -> None:
     small = array("q", [-1, 0, 7, 2**31 - 1])
     got = narrowed(small)
     assert got.typecode == "i"
