@@ -9,24 +9,36 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any, Protocol, TypeVarTuple
 
-from sqlalchemy import Connection, Insert, Select, bindparam, func, insert, select
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Insert,
+    Select,
+    bindparam,
+    func,
+    insert,
+    literal_column,
+    select,
+)
+from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
 from sqlalchemy.orm import Session, selectinload, undefer
+from sqlalchemy.sql.elements import KeyedColumnElement
 
 from service.backend_options import BackendKind
 from service.planner.result import Plan
 from service.spec import TrainingSpec
 from service.store.event_feed import committed_horizon
 from service.store.job_sort import DEFAULT_SORT, JobCursor, JobSort, SortField, cursor_after, segments
-from service.store.models import Attempt, Event, IdempotencyKey, Job, Measurement, Team
+from service.store.models import Attempt, Event, IdempotencyKey, Job, Measurement, Team, as_utc
 from service.store.queue_view import invalidate as invalidate_queue_view
 from service.store.states import TERMINAL, add_event, transition
 from service.store.tokens import Conflict, NotFound, Principal
 from service.store.visibility import can_see, visible_to
-from service.store.vocab import EventKind, JobStatus, MeasurementKind, Role
+from service.store.vocab import AttemptStatus, EventKind, FailureClass, JobStatus, MeasurementKind, Role
 
 MAX_PAGE = 200
 Row = TypeVarTuple("Row")
@@ -97,8 +109,78 @@ def _detail_statements() -> tuple[Select[Any], Select[Any], Select[Any]]:
     return job, tries, select(measured.c.kind, measured.c.at, measured.c.data).where(measured.c.id.in_(newest))
 
 
-#: Built once: `job_detail` is what `GET /v1/jobs/{id}` runs.
+#: Built once: `job_detail` is what `GET /v1/jobs/{id}` runs (on SQLite; `_DETAIL_IN_ONE` on PostgreSQL).
 _DETAIL_JOB, _DETAIL_ATTEMPTS, _NEWEST_MEASURED = _detail_statements()
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptShown:
+    """An attempt as a job's detail shows it: the columns of `attempts` that `detail_out` reads."""
+
+    number: int
+    backend_name: str
+    backend_id: str | None
+    nodes: list[str]
+    status: AttemptStatus
+    exit_code: int | None
+    exit_reason: str | None
+    created_at: datetime
+    finished_at: datetime | None
+    failure: FailureClass | None
+    log_tail: str | None
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> AttemptShown:
+        """From `_DETAIL_IN_ONE`'s JSON object of one attempt (times as ISO text in any offset)."""
+        return cls(number=doc["number"], backend_name=doc["backend_name"], backend_id=doc["backend_id"],
+                   nodes=doc["nodes"], status=AttemptStatus(doc["status"]), exit_code=doc["exit_code"],
+                   exit_reason=doc["exit_reason"], created_at=_utc_text(doc["created_at"]),
+                   finished_at=None if doc["finished_at"] is None else _utc_text(doc["finished_at"]),
+                   failure=None if doc["failure"] is None else FailureClass(doc["failure"]),
+                   log_tail=doc["log_tail"])
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredShown:
+    """The newest measurement of one kind, as `latest_measurements` gives it."""
+
+    kind: MeasurementKind
+    at: datetime
+    data: dict[str, Any]
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> MeasuredShown:
+        return cls(kind=MeasurementKind(doc["kind"]), at=_utc_text(doc["at"]), data=doc["data"])
+
+
+def _utc_text(text: str) -> datetime:
+    # PostgreSQL writes a timestamptz in JSON as ISO 8601 in the session's time zone.
+    return as_utc(datetime.fromisoformat(text))
+
+
+def _detail_in_one() -> Select[Any]:
+    """PostgreSQL: `_DETAIL_JOB` with two more columns, the job's attempts in order of number and the
+    newest measurement of each kind, each a JSONB array of objects (NULL for none): one round trip
+    where the portable form takes three."""
+    jobs, attempts, measured = Job.__table__, Attempt.__table__, Measurement.__table__
+
+    def as_object(*columns: KeyedColumnElement[Any]) -> Any:
+        pairs: list[ColumnElement[Any]] = []
+        for c in columns:
+            pairs += [literal_column(f"'{c.name}'"), c]
+        return func.jsonb_build_object(*pairs)
+
+    shown = [attempts.c[f.name] for f in fields(AttemptShown)]
+    tries = (select(func.jsonb_agg(aggregate_order_by(as_object(*shown), attempts.c.number), type_=JSONB))
+             .where(attempts.c.job_id == jobs.c.id).scalar_subquery())
+    newest = (select(func.max(measured.c.id)).where(measured.c.job_id == jobs.c.id).group_by(measured.c.kind)
+              .correlate(jobs))
+    latest = (select(func.jsonb_agg(as_object(measured.c.kind, measured.c.at, measured.c.data), type_=JSONB))
+              .where(measured.c.id.in_(newest)).scalar_subquery())
+    return _DETAIL_JOB.add_columns(tries.label("attempts_json"), latest.label("measured_json"))
+
+
+_DETAIL_IN_ONE = _detail_in_one()
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,9 +197,14 @@ class JobDetail:
 
 def job_detail(conn: Connection, principal: Principal, job_id: int) -> JobDetail:
     """The job with its attempts and newest measurements if `principal` may see it (`can_see`), else
-    `NotFound`. Three reads on a Core connection, each its own statement, with no ORM objects: run it
-    in `one_statement` (autocommit on PostgreSQL), where each read sees what had committed when it
-    started, as each statement of a READ COMMITTED transaction would."""
+    `NotFound`. Core reads with no ORM objects, run in `one_statement` (autocommit on PostgreSQL). On
+    PostgreSQL one statement (`_DETAIL_IN_ONE`); on SQLite three, in `one_statement`'s transaction."""
+    if conn.dialect.name == "postgresql":
+        row = conn.execute(_DETAIL_IN_ONE, {"job_id": job_id}).first()
+        if row is None or not can_see(principal, row):
+            raise NotFound(f"no job {job_id}")
+        return JobDetail(row, row.team_name, [AttemptShown.from_json(a) for a in row.attempts_json or ()],
+                         [MeasuredShown.from_json(m) for m in row.measured_json or ()])
     job = conn.execute(_DETAIL_JOB, {"job_id": job_id}).first()
     if job is None or not can_see(principal, job):
         raise NotFound(f"no job {job_id}")

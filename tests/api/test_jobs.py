@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
+from datetime import UTC, datetime
 
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, text
 
-from service.api.views import job_out
+from service.api.views import detail_out, job_out
 from service.failures import FailureClass
 from service.planner import Plan
-from service.store.jobs import visible_job
+from service.store.db import one_statement
+from service.store.jobs import job_detail, visible_job
 from service.store.models import Attempt, Job, Measurement
 from service.store.states import JobStatus, transition
 from service.store.tokens import Principal
@@ -41,6 +44,28 @@ def test_submit_plans_and_queues(env: Env, admin: dict[str, str]) -> None:
     assert job == env.client.get(f"/v1/jobs/{job['id']}", headers=admin).json()
 
 
+def _statement_recorder(seen: list[str]) -> Callable[..., None]:
+    """A `before_cursor_execute` listener that appends each statement to `seen` as its verb and table
+    ("SELECT teams", "INSERT jobs+events" for a data-modifying CTE), leaving out transaction control and
+    the calibration read (read once per TTL)."""
+
+    def record(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+        inserts = re.findall(r"INSERT INTO (\w+)", statement)
+        while "(" in statement:  # the top-level statement only: subqueries and column lists out
+            statement = re.sub(r"\([^()]*\)", "", statement)
+        words = statement.split()
+        verb = words[0].upper()
+        if verb in ("BEGIN", "COMMIT", "ROLLBACK") or "calibration_" in statement:
+            return
+        if verb == "WITH":  # one statement that inserts into several tables
+            seen.append("INSERT " + "+".join(inserts))
+            return
+        table = words[words.index("INTO") + 1] if verb == "INSERT" else words[words.index("FROM") + 1]
+        seen.append(f"{verb} {table.strip(chr(34))}")
+
+    return record
+
+
 def test_a_submission_is_three_or_four_statements_the_token_the_team_and_pools_the_job_and_its_event(
         env: Env, admin: dict[str, str]) -> None:
     """What a submission costs the database, the number that bounds submissions per second: the token
@@ -51,21 +76,7 @@ def test_a_submission_is_three_or_four_statements_the_token_the_team_and_pools_t
     member = env.headers(env.token("member", team="alpha"))
     assert submit(env, member, tiny(name="warm")).status_code == 201  # plans it: the next ones hit the cache
     seen: list[str] = []
-
-    def record(_conn: object, _cursor: object, statement: str, *_: object) -> None:
-        inserts = re.findall(r"INSERT INTO (\w+)", statement)
-        while "(" in statement:  # the top-level statement only: subqueries and column lists out
-            statement = re.sub(r"\([^()]*\)", "", statement)
-        words = statement.split()
-        verb = words[0].upper()
-        if verb in ("BEGIN", "COMMIT", "ROLLBACK") or "calibration_" in statement:  # calibration: read per TTL
-            return
-        if verb == "WITH":  # one statement that inserts into several tables
-            seen.append("INSERT " + "+".join(inserts))
-            return
-        table = words[words.index("INTO") + 1] if verb == "INSERT" else words[words.index("FROM") + 1]
-        seen.append(f"{verb} {table.strip(chr(34))}")
-
+    record = _statement_recorder(seen)
     event.listen(env.app.state.engine, "before_cursor_execute", record)
     try:
         assert submit(env, member, tiny(name="counted", priority=1)).status_code == 201
@@ -77,6 +88,24 @@ def test_a_submission_is_three_or_four_statements_the_token_the_team_and_pools_t
     writes = ["INSERT jobs+events"] if env.url.startswith("postgresql") else ["INSERT jobs", "INSERT events"]
     assert plain == ["SELECT api_tokens", "SELECT teams", *writes]
     assert seen == ["SELECT api_tokens", "SELECT idempotency_keys", "SELECT teams", *writes, "INSERT idempotency_keys"]
+
+
+def test_a_job_read_is_two_statements_on_postgresql_the_token_and_the_job_with_its_attempts_and_measurements(
+        env: Env, admin: dict[str, str]) -> None:
+    """`GET /v1/jobs/{id}`, the read every dashboard and script polls: the token check, then on
+    PostgreSQL one statement for the job, its team's name, its attempts and its newest measurements;
+    on SQLite three."""
+    job_id = submit(env, admin, tiny()).json()["id"]
+    seen: list[str] = []
+    record = _statement_recorder(seen)
+    event.listen(env.app.state.engine, "before_cursor_execute", record)
+    try:
+        assert env.client.get(f"/v1/jobs/{job_id}", headers=admin).status_code == 200
+    finally:
+        event.remove(env.app.state.engine, "before_cursor_execute", record)
+    reads = ["SELECT jobs"] if env.url.startswith("postgresql") else ["SELECT jobs", "SELECT attempts",
+                                                                       "SELECT measurements"]
+    assert seen == ["SELECT api_tokens", *reads]
 
 
 def test_same_key_same_body_returns_the_first_job(env: Env, admin: dict[str, str]) -> None:
@@ -253,9 +282,11 @@ def test_a_plan_the_built_in_trainer_cannot_run_is_refused_before_it_is_queued(e
 
 def test_a_job_read_shows_its_attempts_in_order_and_the_newest_measurement_of_each_kind(
         env: Env, admin: dict[str, str]) -> None:
-    """`GET /v1/jobs/{id}` reads Core rows (`job_detail`); the dashboard's job page reads the same job
-    through the ORM (`job_out`). Both show the same: attempts by number, the newest measurement of each
-    kind, the prediction error of the newest report; and another team's member gets a 404."""
+    """`GET /v1/jobs/{id}` reads Core rows (`job_detail`: on PostgreSQL one statement, its attempts and
+    measurements as JSON); the dashboard's job page reads the same job through the ORM (`job_out`).
+    Both show the same, to the microsecond in any session time zone: attempts by number, the newest
+    measurement of each kind, the prediction error of the newest report; and another team's member
+    gets a 404."""
     env.client.post("/v1/teams", json={"name": "alpha"}, headers=admin)
     submitted = submit(env, admin, tiny(team="alpha")).json()
     job_id, planned = submitted["id"], Plan.model_validate(submitted["plan"])
@@ -265,7 +296,8 @@ def test_a_job_read_shows_its_attempts_in_order_and_the_newest_measurement_of_ea
                     status=AttemptStatus.RUNNING),
             Attempt(job_id=job_id, number=1, backend_name="local", backend_id="a", nodes=["n1"],
                     status=AttemptStatus.FAILED, exit_code=3, exit_reason="exit 3", failure=FailureClass.PROGRAM_ERROR,
-                    log_tail="Traceback"),
+                    log_tail="Traceback", created_at=datetime(2026, 12, 6, 5, 59, 58, 120000, tzinfo=UTC),
+                    finished_at=datetime(2026, 12, 6, 6, 0, 1, 7, tzinfo=UTC)),
             Measurement(job_id=job_id, kind=MeasurementKind.HEARTBEAT, data={"step": 1}),
             Measurement(job_id=job_id, kind=MeasurementKind.REPORT, data=report(planned, step=3.0, memory=1.0)),
             Measurement(job_id=job_id, kind=MeasurementKind.HEARTBEAT, data={"step": 2}),
@@ -280,6 +312,11 @@ def test_a_job_read_shows_its_attempts_in_order_and_the_newest_measurement_of_ea
     with env.app.state.sessions.begin() as session:
         principal = Principal(token_id="admin", role=Role.ADMIN)
         assert job == job_out(session, visible_job(session, principal, job_id, detail=True)).model_dump(mode="json")
+    assert job["attempts"][0]["finished_at"] == "2026-12-06T06:00:01.000007Z"
+    if env.url.startswith("postgresql"):  # its one statement's JSON times, read in another time zone
+        with one_statement(env.app.state.engine) as conn:
+            conn.execute(text("SET TIME ZONE 'Asia/Kolkata'"))
+            assert detail_out(job_detail(conn, principal, job_id)).model_dump(mode="json") == job
     other = env.headers(env.token("member", team="beta"))
     assert env.client.get(f"/v1/jobs/{job_id}", headers=other).status_code == 404
 
