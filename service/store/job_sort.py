@@ -155,44 +155,70 @@ def cursor_after(sort: JobSort, job: Job | Any, team: str) -> JobCursor:
 
 Segment = tuple[list[ColumnElement[bool]], list[UnaryExpression[Any]]]
 
+#: The bind parameters a segment's conditions read: the cursor's job id and sort value (`cursor_values`).
+AFTER_ID, AFTER_VALUE = "after_id", "after_value"
 
-def segments(sort: JobSort, cursor: JobCursor | None, *,
-             teams: Sequence[tuple[int, str]] | None = None) -> list[Segment]:
-    """The (conditions, order) queries that, read one after the other, give the rows after `cursor`
-    in `sort`'s order, each one range of one index.
+
+class After(StrEnum):
+    """What of a cursor shapes the statements of the page after it: none; one whose sort value is NULL
+    (the default sort's bare id, or an unfinished job); one with a sort value."""
+
+    START = "start"
+    NULL_VALUE = "null_value"
+    VALUE = "value"
+
+    @classmethod
+    def of(cls, cursor: JobCursor | None) -> After:
+        if cursor is None:
+            return cls.START
+        return cls.NULL_VALUE if cursor.value is None else cls.VALUE
+
+
+def cursor_values(cursor: JobCursor | None) -> dict[str, Any]:
+    """The values of the bind parameters that `segments` reads, for the page after `cursor`."""
+    return {} if cursor is None else {AFTER_ID: cursor.id, AFTER_VALUE: cursor.value}
+
+
+def segments(sort: JobSort, after: After, *, teams: Sequence[tuple[int, str]] | None = None,
+             cursor_team: str | None = None) -> list[Segment]:
+    """The (conditions, order) queries that, read one after the other, give the rows after a cursor of
+    shape `after` in `sort`'s order, each one range of one index. They read the cursor's id and value
+    from bind parameters (`cursor_values`), so a page's statements can be built once per shape.
 
     One query for most sorts. `finished`: the jobs that have not finished (NULL) in a query of their
     own. `team`: with `teams` None the list is narrowed to one team (a member's, or the team filter),
-    so the order is the id's; else `teams` are the (id, name) of the teams from the cursor's on, in
-    the sort's order, and each is one query on `(team_id, id)` (a join sorted on the team's name
-    would sort every matching job)."""
+    so the order is the id's; else `teams` are the (id, name) of the teams from the cursor's team
+    (`cursor_team`) on, in the sort's order, and each is one query on `(team_id, id)` (a join sorted on
+    the team's name would sort every matching job)."""
     desc = sort.descending
     by_id: list[UnaryExpression[Any]] = [Job.id.desc() if desc else Job.id.asc()]
-    after_id: list[ColumnElement[bool]] = [] if cursor is None else [Job.id < cursor.id if desc else Job.id > cursor.id]
+    cursor_id = bindparam(AFTER_ID, type_=Job.id.type)
+    after_id: list[ColumnElement[bool]] = [] if after is After.START else [
+        Job.id < cursor_id if desc else Job.id > cursor_id]
     if sort.field is SortField.TEAM:
         if teams is None:
             return [(after_id, by_id)]
-        return [([Job.team_id == team_id, *(after_id if cursor is not None and name == cursor.value else [])], by_id)
+        return [([Job.team_id == team_id, *(after_id if name == cursor_team else [])], by_id)
                 for team_id, name in teams]
     column = sort_column(sort.field)
     if column is None:
         return [(after_id, by_id)]
     order: list[UnaryExpression[Any]] = [column.desc(), Job.id.desc()] if desc else [column.asc(), Job.id.asc()]
     if sort.field is not SortField.FINISHED:
-        return [([] if cursor is None else [_row_after(column, cursor, desc)], order)]
+        return [([] if after is After.START else [_row_after(column, desc)], order)]
     known: list[ColumnElement[bool]] = [column.is_not(None)]
     unknown: list[ColumnElement[bool]] = [column.is_(None)]
-    if cursor is None:
+    if after is After.START:
         parts: list[Segment] = [(unknown, by_id), (known, order)]
         return parts if desc else parts[::-1]
-    if cursor.value is None:  # ended among the unfinished jobs
+    if after is After.NULL_VALUE:  # ended among the unfinished jobs
         later = [*unknown, *after_id]
         return [(later, by_id), (known, order)] if desc else [(later, by_id)]
-    later = [*known, _row_after(column, cursor, desc)]
+    later = [*known, _row_after(column, desc)]
     return [(later, order)] if desc else [(later, order), (unknown, by_id)]
 
 
-def _row_after(column: InstrumentedAttribute[Any], cursor: JobCursor, desc: bool) -> ColumnElement[bool]:
+def _row_after(column: InstrumentedAttribute[Any], desc: bool) -> ColumnElement[bool]:
     row = tuple_(column, Job.id)
-    mark = tuple_(bindparam(None, cursor.value, type_=column.type), bindparam(None, cursor.id, type_=Job.id.type))
+    mark = tuple_(bindparam(AFTER_VALUE, type_=column.type), bindparam(AFTER_ID, type_=Job.id.type))
     return row < mark if desc else row > mark

@@ -6,6 +6,7 @@ that is not visible does not exist (`NotFound`), so nobody learns of another tea
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Sequence
@@ -32,12 +33,22 @@ from service.backend_options import BackendKind
 from service.planner.result import Plan
 from service.spec import TrainingSpec
 from service.store.event_feed import committed_horizon
-from service.store.job_sort import DEFAULT_SORT, JobCursor, JobSort, SortField, cursor_after, segments
+from service.store.job_sort import (
+    DEFAULT_SORT,
+    After,
+    JobCursor,
+    JobSort,
+    Segment,
+    SortField,
+    cursor_after,
+    cursor_values,
+    segments,
+)
 from service.store.models import Attempt, Event, IdempotencyKey, Job, Measurement, Team, as_utc
 from service.store.queue_view import invalidate as invalidate_queue_view
 from service.store.states import TERMINAL, add_event, transition
 from service.store.tokens import Conflict, NotFound, Principal
-from service.store.visibility import can_see, visible_to
+from service.store.visibility import can_see, visibility_values, visible_where
 from service.store.vocab import AttemptStatus, EventKind, FailureClass, JobStatus, MeasurementKind, Role
 
 MAX_PAGE = 200
@@ -225,24 +236,35 @@ class JobFilter:
     created_before: datetime | None = None
 
 
-def _filtered(stmt: Select[*Row], principal: Principal, filters: JobFilter, *,
-              status: bool = True) -> Select[*Row]:
-    """`stmt` (over `Job`) narrowed to what `principal` may see and `filters` match."""
-    stmt = visible_to(stmt, principal)
-    if status and filters.status:
-        stmt = stmt.where(Job.status.in_(list(filters.status)))
-    if filters.team:  # a scalar subquery, not a join: the (team_id, column, id) indexes then give the order
-        stmt = stmt.where(Job.team_id == select(Team.id).where(Team.name == filters.team).scalar_subquery())
-    if filters.backend:
-        stmt = stmt.where(Job.backend == filters.backend)
-    if filters.name:
-        stmt = stmt.where(Job.name == filters.name)
-    if filters.gpu:
-        stmt = stmt.where(Job.gpu == filters.gpu)
-    if filters.created_after is not None:
-        stmt = stmt.where(Job.created_at >= filters.created_after)
-    if filters.created_before is not None:
-        stmt = stmt.where(Job.created_at < filters.created_before)
+def _filter_values(principal: Principal, filters: JobFilter, *, status: bool = True
+                   ) -> tuple[frozenset[str], dict[str, Any]]:
+    """The filters that are set (their names: the shape of `_filtered`'s statement) and the values of
+    every bind parameter `_filtered` reads for `principal` and `filters`, by name."""
+    values: dict[str, Any] = {
+        "status": list(filters.status) if status and filters.status else None,
+        "team_name": filters.team or None, "backend": filters.backend or None, "name": filters.name or None,
+        "gpu": filters.gpu or None, "created_after": filters.created_after, "created_before": filters.created_before}
+    values = {name: value for name, value in values.items() if value is not None}
+    return frozenset(values), {**values, **visibility_values(principal)}
+
+
+def _filtered(stmt: Select[*Row], role: Role, names: frozenset[str]) -> Select[*Row]:
+    """`stmt` (over `Job`) narrowed to what a principal of `role` may see and to the filters `names`
+    (`_filter_values`), all values bind parameters: run it with `_filter_values`' values."""
+    visible = visible_where(role)
+    if visible is not None:
+        stmt = stmt.where(visible)
+    if "status" in names:
+        stmt = stmt.where(Job.status.in_(bindparam("status", expanding=True)))
+    if "team_name" in names:  # a scalar subquery, not a join: the (team_id, column, id) indexes then give the order
+        stmt = stmt.where(Job.team_id == select(Team.id).where(Team.name == bindparam("team_name")).scalar_subquery())
+    for name, column in (("backend", Job.backend), ("name", Job.name), ("gpu", Job.gpu)):
+        if name in names:
+            stmt = stmt.where(column == bindparam(name))
+    if "created_after" in names:
+        stmt = stmt.where(Job.created_at >= bindparam("created_after"))
+    if "created_before" in names:
+        stmt = stmt.where(Job.created_at < bindparam("created_before"))
     return stmt
 
 
@@ -252,7 +274,11 @@ def list_jobs(session: Session, principal: Principal, filters: JobFilter, *, lim
     default), after `cursor`; and the cursor of the next page (None at the end). Keyset paging (see
     `service.store.job_sort`): every matching row comes exactly once across the pages. `cursor`
     must be of the same sort (`JobCursor.decode` checks that)."""
-    return _page(session, select(Job), principal, filters, limit, cursor, sort)
+    return _page(session, _JOBS, principal, filters, limit, cursor, sort)
+
+
+#: `list_jobs`' base: ORM objects.
+_JOBS = select(Job)
 
 
 def _summary_columns() -> Select[Any]:
@@ -282,23 +308,45 @@ def list_job_rows(conn: Connection, principal: Principal, filters: JobFilter, *,
 
 def _page(source: Session | Connection, base: Select[*Row], principal: Principal, filters: JobFilter, limit: int,
           cursor: JobCursor | None, sort: JobSort) -> tuple[list[Any], JobCursor | None]:
-    """`list_jobs` over `base`: ORM objects of `select(Job)` on a Session, else rows of a select of
-    columns with `team_name` on a Connection."""
+    """`list_jobs` over `base` (`_JOBS` or `_SUMMARY_COLUMNS`): ORM objects on a Session, else rows with
+    `team_name` on a Connection. The statements come from `_page_statements`, built once per shape of
+    request, and run with this request's values."""
     limit = max(1, min(limit, MAX_PAGE))
-    stmt = _filtered(base, principal, filters)
-    teams = None
+    names, values = _filter_values(principal, filters)
+    values.update(cursor_values(cursor))
+    after = After.of(cursor)
     if sort.field is SortField.TEAM and principal.role == Role.ADMIN and not filters.team:
-        teams = _teams_from(source, sort, cursor)
+        teams = _teams_from(source, sort, cursor)  # a statement per team: built for this request
+        team = cursor.value if cursor is not None and isinstance(cursor.value, str) else None
+        pages = _statements(base, principal.role, names, segments(sort, after, teams=teams, cursor_team=team))
+    else:
+        pages = _page_statements(base, principal.role, names, sort, after)
     rows: list[Any] = []
-    for where, order in segments(sort, cursor, teams=teams):
+    for page in pages:
         if len(rows) > limit:
             break
-        page = stmt.where(*where).order_by(*order).limit(limit + 1 - len(rows))
-        rows += source.scalars(page) if isinstance(source, Session) else source.execute(page).all()
+        params = {**values, "limit": limit + 1 - len(rows)}
+        rows += source.scalars(page, params) if isinstance(source, Session) else source.execute(page, params).all()
     if len(rows) <= limit:
         return rows, None
     last = rows[limit - 1]
     return rows[:limit], cursor_after(sort, last, last.team.name if isinstance(source, Session) else last.team_name)
+
+
+@functools.lru_cache(maxsize=1024)
+def _page_statements(base: Select[*Row], role: Role, names: frozenset[str], sort: JobSort,
+                     after: After) -> tuple[Select[*Row], ...]:
+    """The statements of a page: built once for each shape of request, where building one took as
+    long as running it (and SQLAlchemy then matched a new statement's columns to its cached compiled
+    form on every execution). Every value is a bind parameter with no value of its own, so a run that
+    left one out would fail, never reuse another request's."""
+    return _statements(base, role, names, segments(sort, after))
+
+
+def _statements(base: Select[*Row], role: Role, names: frozenset[str],
+                parts: list[Segment]) -> tuple[Select[*Row], ...]:
+    stmt = _filtered(base, role, names)
+    return tuple(stmt.where(*where).order_by(*order).limit(bindparam("limit")) for where, order in parts)
 
 
 def _teams_from(source: Session | Connection, sort: JobSort, cursor: JobCursor | None) -> list[tuple[int, str]]:
@@ -326,10 +374,11 @@ def count_jobs_by_status(session: Session, principal: Principal, filters: JobFil
     the status filter), and whether more match than were counted. The cap bounds the cost of a filter
     that no index serves (a name and a time range over 100,000 jobs) to `cap` rows."""
     # one scan of at most cap + 1 rows: the extra one only says more match, and is taken off again
-    matching = _filtered(select(Job.status, Job.id), principal, filters, status=False).order_by(Job.id.desc())
+    names, values = _filter_values(principal, filters, status=False)
+    matching = _filtered(select(Job.status, Job.id), principal.role, names).order_by(Job.id.desc())
     newest = matching.limit(cap + 1).subquery()
     rows = session.execute(select(newest.c.status, func.count(), func.min(newest.c.id))
-                           .group_by(newest.c.status)).all()
+                           .group_by(newest.c.status), values).all()
     counts = {JobStatus(s): int(n) for s, n, _ in rows}
     capped = sum(counts.values()) > cap
     if capped:  # the oldest row read is the extra one

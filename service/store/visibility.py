@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Protocol, TypeVarTuple
 
-from sqlalchemy import Select, false
+from sqlalchemy import ColumnElement, Select, bindparam, false
 
 from service.store.models import Job
 from service.store.tokens import Principal
@@ -32,10 +32,31 @@ def can_see(principal: Principal, job: JobKeys) -> bool:
 def visible_to(stmt: Select[*Row], principal: Principal) -> Select[*Row]:
     """`stmt` (over `Job`) narrowed to the jobs `principal` may see: `can_see` as SQL (an admin every job,
     a member their team's, a job token its own job)."""
-    if principal.role == Role.ADMIN:
-        return stmt
-    if principal.role == Role.MEMBER:
-        return stmt.where(Job.team_id == principal.team_id)
-    if principal.role == Role.JOB:
-        return stmt.where(Job.id == principal.job_id)
-    return stmt.where(false())  # a role this rule does not know sees nothing
+    condition = _rule(principal.role, principal.team_id, principal.job_id)
+    return stmt if condition is None else stmt.where(condition)
+
+
+#: The bind parameters `visible_where`'s conditions read.
+VISIBLE_TEAM, VISIBLE_JOB = "visible_team", "visible_job"
+
+
+def visible_where(role: Role) -> ColumnElement[bool] | None:
+    """`visible_to`'s condition for any principal of `role` (None: an admin's, who sees every job), for a
+    statement built once: it reads the principal's team or job id from the bind parameters that
+    `visibility_values` gives, which every execution must pass."""
+    return _rule(role, bindparam(VISIBLE_TEAM), bindparam(VISIBLE_JOB))
+
+
+def visibility_values(principal: Principal) -> dict[str, int | None]:
+    """The values of `visible_where(principal.role)`'s bind parameters (both names, whichever it reads)."""
+    return {VISIBLE_TEAM: principal.team_id, VISIBLE_JOB: principal.job_id}
+
+
+def _rule(role: Role, team: object, job: object) -> ColumnElement[bool] | None:
+    if role == Role.ADMIN:
+        return None
+    if role == Role.MEMBER:
+        return Job.team_id == team
+    if role == Role.JOB:
+        return Job.id == job
+    return false()  # a role this rule does not know sees nothing

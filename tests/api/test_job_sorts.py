@@ -8,9 +8,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from sqlalchemy.exc import StatementError
 
-from service.store.job_sort import DEFAULT_SORT, SORT_TEXTS, JobSort
-from service.store.jobs import JobFilter, list_job_rows, list_jobs
+from service.store.job_sort import DEFAULT_SORT, SORT_TEXTS, After, JobSort
+from service.store.jobs import _JOBS, JobFilter, _page_statements, list_job_rows, list_jobs
 from service.store.models import Job
 from service.store.tokens import Principal, ensure_team
 from service.store.vocab import JobStatus, Role
@@ -157,3 +158,23 @@ def test_a_bad_sort_or_a_cursor_of_another_sort_is_a_422(env: Env, admin: dict[s
     assert env.client.get("/v1/jobs", params={"cursor": cursor}, headers=admin).status_code == 422
     garbage = env.client.get("/v1/jobs", params={"sort": "gpus", "cursor": "bm90LWpzb24"}, headers=admin)
     assert garbage.status_code == 422 and "cursor" in garbage.json()["error"]["message"]
+
+
+def test_a_page_statement_built_once_serves_each_request_with_its_own_values(
+        env: Env, admin: dict[str, str], jobs: list[dict[str, Any]]) -> None:
+    """The list's statements are built once per shape of request (`_page_statements`) and run with each
+    request's values: members of two teams, two names and two cursors in a row each get their own rows
+    from the same statements; and a run that left a value out fails instead of reusing another's."""
+    by_team = {team: env.headers(env.token("member", team=team)) for team in ("vision", "nlp")}
+    hits = _page_statements.cache_info().hits
+    for team, headers in by_team.items():
+        mine = [r for r in jobs if r["team"] == team]
+        for sort in ("-submitted", "gpus", "-finished"):
+            assert [i for p in pages(env, headers, sort, 2) for i in p] == expected(mine, sort), (team, sort)
+    for name in ("alpha", "beta"):
+        named = [r for r in jobs if r["name"] == name]
+        assert [i for p in pages(env, admin, "-gpus", 1, name=name) for i in p] == expected(named, "-gpus"), name
+    assert _page_statements.cache_info().hits > hits
+    [statement] = _page_statements(_JOBS, Role.MEMBER, frozenset(), JobSort.parse("gpus"), After.START)
+    with env.app.state.sessions.begin() as session, pytest.raises(StatementError, match="visible_team"):
+        session.execute(statement, {"limit": 5})
