@@ -52,7 +52,9 @@ def _top_items(
     # groups by name, in the order of each name's first item
     names = column(t.name_idx)[items]
     by_name = np.argsort(names, kind="stable")
-    bounds = np.flatnonzero(np.diff(names[by_name])) + 1
+    ranked = names[by_name]
+    bounds = np.flatnonzero(ranked[1:] != ranked[:-1]) + 1  # not np.diff: int32 subtraction is its own code
+    del ranked
     groups = sorted(np.split(by_name, bounds) if len(items) else [], key=lambda g: int(g[0]))
     dur = column(t.dur)
 
@@ -126,7 +128,7 @@ def launch_stats(t: RankTrace, tl: Timeline) -> LaunchStats | None:
     gpu = tl.item_events[tl.item_class != CLASSES.index(EventClass.other)]
     items = gpu[_in_windows(windows).contains(ts[gpu])]
     del gpu
-    n_gpu, lt10 = len(items), int((dur[items] < 10).sum())
+    n_gpu, lt10 = len(items), int(np.count_nonzero(dur[items] < 10))
     if len(call_corrs) and n_gpu:
         item_corrs = corr_ids[items]
         pos = np.searchsorted(call_corrs, item_corrs)
@@ -141,7 +143,7 @@ def launch_stats(t: RankTrace, tl: Timeline) -> LaunchStats | None:
     cpu_d = dur[r]
     delays = ts[g] - (ts[r] + cpu_d)
     np.maximum(0.0, delays, out=delays)
-    short = int((dur[g] < cpu_d).sum())
+    short = int(np.count_nonzero(dur[g] < cpu_d))
     del g, r
     if np.isnan(cpu_d).any() or np.isnan(delays).any():  # sorted() and max() order NaN as they meet it
         return _launch_stats_of_lists(cpu_d.tolist(), delays.tolist(), short, lt10, n_gpu)
@@ -154,8 +156,8 @@ def launch_stats(t: RankTrace, tl: Timeline) -> LaunchStats | None:
         launch_delay_us_p95=round(percentile_of_array(delays, 95), 3),
         launch_delay_us_max=round(float(delays.max()) if len(delays) else 0.0, 3),
         short_kernels=short,
-        runtime_outliers=int((cpu_d > 50).sum()),
-        launch_delay_outliers=int((delays > 100).sum()),
+        runtime_outliers=int(np.count_nonzero(cpu_d > 50)),
+        launch_delay_outliers=int(np.count_nonzero(delays > 100)),
         kernels_lt_10us_pct=pct(lt10, n_gpu),
     )
 
