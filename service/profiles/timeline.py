@@ -76,7 +76,7 @@ def _step_events(t: RankTrace) -> tuple[int | None, list[tuple[int, int]]]:
             per_thread[t.thread_idx[i]] += 1
     if not found:
         return None, []
-    thread = per_thread.most_common(1)[0][0]
+    thread = max(per_thread, key=per_thread.__getitem__)  # most_common(1): the first of the most; no heapq
     steps = sorted((s, i) for s, i in found if t.thread_idx[i] == thread)
     return thread, steps
 
@@ -118,7 +118,10 @@ def _unique_inverse(values: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64
     first[:1] = True
     np.not_equal(ranked[1:], ranked[:-1], out=first[1:])
     which = np.empty(len(values), dtype=np.intp)
-    which[order] = np.cumsum(first) - 1
+    # each position's run number, by repeating run ids (np.cumsum of the bool mask would read in
+    # numpy's bool-to-integer casts, used nowhere else)
+    first_at = np.flatnonzero(first)
+    which[order] = np.repeat(np.arange(len(first_at)), np.diff(first_at, append=len(ranked)))
     return ranked[first], which
 
 
@@ -133,7 +136,11 @@ def _gpu_timeline(t: RankTrace) -> Timeline:
     # classify_gpu_event once per distinct (name, category, has a "Collective name" arg)
     collective = np.array(sorted(i for i, a in t.size_args.items() if "Collective name" in a), dtype=np.intp)
     combo = column(t.name_idx)[on_gpu].astype(np.int64) * len(t.cats) + cat_idx[on_gpu]
-    combo = 2 * combo + np.isin(on_gpu, collective)
+    combo *= 2
+    is_collective = np.zeros(len(t), dtype=bool)
+    is_collective[collective] = True
+    combo[is_collective[on_gpu]] += 1  # np.isin, and adding its bools, read in more of numpy's code
+    del is_collective
     distinct, which = _unique_inverse(combo)
     codes = np.array(
         [_CODE[classify_gpu_event(t.names[c // 2 // len(t.cats)], t.cats[c // 2 % len(t.cats)], bool(c % 2))]
@@ -189,9 +196,11 @@ def _gpu_timeline(t: RankTrace) -> Timeline:
     k, stepped = k[in_step], gpu[in_step]
     del in_step
     lo = np.full(len(steps), np.inf)
-    hi = np.full(len(steps), -np.inf)
+    hi = np.full(len(steps), np.inf)  # negated
     np.minimum.at(lo, k, ts[stepped])
-    np.maximum.at(hi, k, ts[stepped] + dur[stepped])
+    # the largest end as the smallest negated end: np.maximum.at's loop is code read in for this alone
+    np.minimum.at(hi, k, 0.0 - (ts[stepped] + dur[stepped]))
+    hi = 0.0 - hi
     for (step, si), low, high in zip(steps, lo.tolist(), hi.tolist(), strict=True):
         if high > low:
             tl.windows.append(Window(step, low, high))
