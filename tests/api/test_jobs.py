@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pytest
 from sqlalchemy import event, text
 
-from service.api.views import detail_out, job_out
+from service.api.views import detail_out, job_out, job_summary
 from service.failures import FailureClass
 from service.planner import Plan
 from service.store.db import one_statement
@@ -244,6 +244,20 @@ def test_events_after_and_sse_stream_until_terminal(env: Env, admin: dict[str, s
     data = [json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: {\"")]
     assert [d["kind"] for d in data] == [e["kind"] for e in events]
     assert body.rstrip().endswith("event: end\ndata: {}")
+
+
+def test_a_list_page_shows_each_job_as_its_summary(env: Env, admin: dict[str, str]) -> None:
+    """`GET /v1/jobs` validates its page from the list's rows in one call (`job_page`); each item is
+    what `job_summary` makes of the same job through the ORM, finished or not."""
+    ids = [submit(env, admin, tiny(name=f"listed-{i}")).json()["id"] for i in range(3)]
+    _force(env, ids[0], JobStatus.SUBMITTING, JobStatus.RUNNING, JobStatus.FAILED)
+    page = env.client.get("/v1/jobs", params={"limit": "2"}, headers=admin).json()
+    rest = env.client.get("/v1/jobs", params={"cursor": page["next_cursor"]}, headers=admin).json()
+    assert rest["next_cursor"] is None
+    with env.app.state.sessions.begin() as session:
+        jobs = [visible_job(session, Principal(token_id="admin", role=Role.ADMIN), i) for i in reversed(ids)]
+        assert page["items"] + rest["items"] == [job_summary(j, j.team.name).model_dump(mode="json") for j in jobs]
+    assert page["items"][0]["finished_at"] is None and rest["items"][0]["finished_at"] is not None
 
 
 def test_unknown_job_is_404(env: Env, admin: dict[str, str]) -> None:

@@ -37,7 +37,7 @@ from service.api.shortcuts import ShortcutRequest, ShortcutTaken
 from service.api.sse import KEEP_ALIVE, sse_message
 from service.api.stream_auth import StreamAuth, as_stream_auth, for_stream
 from service.api.submission import MAX_KEY, submit_job
-from service.api.views import detail_out, encoded, event_out, job_out, job_summary
+from service.api.views import detail_out, encoded, event_out, job_out, job_page
 from service.backend_options import BackendKind
 from service.names import Label
 from service.spec import TrainingSpec
@@ -207,8 +207,7 @@ def page_answer(conn: Connection, principal: Principal, query: ListQuery) -> Res
     directly: a `JobPage`, which FastAPI would otherwise validate again."""
     rows, next_cursor = list_job_rows(conn, principal, query.filters, limit=query.limit, cursor=query.after,
                                       sort=query.order)
-    page = JobPage(items=[job_summary(row, row.team_name) for row in rows],
-                   next_cursor=next_cursor.encode() if next_cursor is not None else None)
+    page = job_page(rows, next_cursor.encode() if next_cursor is not None else None)
     return Response(encoded(page), media_type="application/json")
 
 
