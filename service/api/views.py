@@ -61,8 +61,8 @@ def job_summary(job: Job | Any, team: str) -> JobSummary:
 
 def job_page(rows: Sequence[Any], next_cursor: str | None) -> JobPage:
     """A list page from Core rows of the list's columns (`list_job_rows`: `team_name` among them), as
-    `job_summary` makes each item, validated in one call: for 50 rows a third less CPU than a model
-    constructed per row."""
+    `job_summary` makes each item, validated in one call: for 20 to 50 rows a sixth to a quarter less
+    CPU than a model constructed per row."""
     return JobPage.model_validate({"items": [{**row._mapping, "team": row.team_name} for row in rows],
                                    "next_cursor": next_cursor})
 
