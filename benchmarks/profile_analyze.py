@@ -5,6 +5,7 @@ Usage::
     .venv/bin/python benchmarks/profile_analyze.py [--ranks 4] [--steps 20] [--kernels 500] [--dir DIR]
     .venv/bin/python benchmarks/profile_analyze.py --traces rank-0.json.gz rank-1.json.gz ...
     .venv/bin/python benchmarks/profile_analyze.py ... --hta-python /path/to/venv-with-hta/bin/python
+    .venv/bin/python benchmarks/profile_analyze.py ... --runs 9 [--against DIR]
 
 Without ``--traces`` it writes a synthetic GPU trace set (the generator of the test fixtures). Each
 tool runs in a child process of its own, measured the same way: wall time and CPU time of the
@@ -15,7 +16,12 @@ HTA). Each figure is printed next to the goal of issue 17 (5x faster than HTA, a
 memory) with the 1-minute load average, since this machine is shared. shardctl also reports its
 tracemalloc peak (Python allocations only) in a second child, since tracemalloc slows
 allocation-heavy code. HTA (HolisticTraceAnalysis) runs when ``--hta-python`` names an interpreter
-that has it (HTA is not a dependency of this project); make one with::
+that has it (HTA is not a dependency of this project). ``--runs N`` (N > 1) then measures shardctl N
+more times and prints the medians of its peak RSS and wall time: on a set of two small ranks peak RSS
+moves by a few tenths of a MB from run to run with the order of allocations alone. With ``--against
+DIR`` (another checkout: ``git worktree add DIR REV``) those runs take turns with DIR's code, the
+order flipped every other run, and the medians of both trees print side by side. Make an HTA
+interpreter with::
 
     python3 -m venv /tmp/hta-venv && /tmp/hta-venv/bin/pip install HolisticTraceAnalysis==0.5.0
 """
@@ -27,6 +33,7 @@ import gzip
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "profiles" / "fixtures"))
 
 from make_synthetic_gpu_traces import write_rank_traces  # type: ignore[import-not-found]  # noqa: E402
+from side_by_side import add_against, trees  # noqa: E402
 
 from service.profiles.reader import read_trace  # noqa: E402
 
@@ -139,6 +147,27 @@ def _mb(x: object) -> float:
     return float(x) / 1e6  # type: ignore[arg-type]
 
 
+def _medians(measured: list[Path | None], names: list[str], runs: int) -> None:
+    """Peak RSS above imports and wall time of `runs` runs of each tree in `measured` (None: this
+    one), taking turns, as medians."""
+    rss: list[list[float]] = [[] for _ in measured]
+    wall: list[list[float]] = [[] for _ in measured]
+    for run in range(runs):
+        order = list(range(len(measured)))
+        if run % 2:
+            order.reverse()
+        for i in order:
+            out = _child(sys.executable, _OURS_CHILD, str(measured[i] or ROOT), "time", *names)
+            rss[i].append(_mb(out["rss_peak"]) - _mb(out["rss_before"]))
+            wall[i].append(float(out["seconds"]))  # type: ignore[arg-type]
+    for tree, peaks, seconds in zip(measured, rss, wall, strict=True):
+        print(f"{tree or 'this tree'}: median of {runs} runs: peak RSS +{statistics.median(peaks):.3f} MB over its "
+              f"imports (runs: {' '.join(f'{x:.3f}' for x in peaks)}), {statistics.median(seconds):.3f} s wall")
+    if len(measured) > 1:
+        print(f"this tree / {measured[1]}: peak RSS {statistics.median(rss[0]) / statistics.median(rss[1]):.3f}, "
+              f"wall {statistics.median(wall[0]) / statistics.median(wall[1]):.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", type=int, default=4)
@@ -147,7 +176,12 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="where to write the synthetic traces")
     ap.add_argument("--traces", type=Path, nargs="+", help="analyse these files (one per rank) instead")
     ap.add_argument("--hta-python", default=None, help="an interpreter with HolisticTraceAnalysis installed")
+    ap.add_argument("--runs", type=int, default=1, help="then measure shardctl this many times, as medians")
+    add_against(ap, "--runs takes turns between this tree and DIR")
     args = ap.parse_args()
+    measured = trees(ap, args.against)
+    if args.against is not None and args.runs < 2:
+        ap.error("--against needs --runs N with N >= 2: one run of a small set is within its noise")
     if args.traces:
         paths = [p.resolve() for p in args.traces]
         if len({p.parent for p in paths}) != 1:
@@ -174,10 +208,17 @@ def main() -> None:
     if not args.hta_python:
         print(f"HTA: not run (pass --hta-python with an interpreter that has HolisticTraceAnalysis); "
               f"background load (1-min load average) {load_before:.1f} on {os.cpu_count()} CPUs")
-        return
+    else:
+        _against_hta(args.hta_python, trace_dir, paths, ours, ours_mem, load_before)
+    if args.runs > 1:
+        _medians(measured, names, args.runs)
+
+
+def _against_hta(hta_python: str, trace_dir: Path, paths: list[Path], ours: dict[str, object], ours_mem: float,
+                 load_before: float) -> None:
     ranks = [_rank_of(p, index) for index, p in enumerate(paths)]  # HTA takes ranks from the caller
     pairs = [f"{r}={p.name}" for r, p in zip(ranks, paths, strict=True)]
-    hta = _child(args.hta_python, _HTA_CHILD, str(trace_dir), *pairs)
+    hta = _child(hta_python, _HTA_CHILD, str(trace_dir), *pairs)
     hta_mem = _mb(hta["rss_peak"]) - _mb(hta["rss_before"])
     workers = _mb(hta["worker_peak"])
     print(f"HTA 0.5.0: {hta['seconds']:.2f} s wall, {hta['cpu']:.2f} s CPU (its parsing workers included), "
