@@ -120,7 +120,7 @@ def _detail_statements() -> tuple[Select[Any], Select[Any], Select[Any]]:
     return job, tries, select(measured.c.kind, measured.c.at, measured.c.data).where(measured.c.id.in_(newest))
 
 
-#: Built once: `job_detail` is what `GET /v1/jobs/{id}` runs (on SQLite; `_DETAIL_IN_ONE` on PostgreSQL).
+#: Built once: what `job_detail` runs on SQLite (`_DETAIL_IN_ONE`, on PostgreSQL, extends `_DETAIL_JOB`).
 _DETAIL_JOB, _DETAIL_ATTEMPTS, _NEWEST_MEASURED = _detail_statements()
 
 
