@@ -15,6 +15,7 @@ Cases, each `--requests` times a turn, after 50 unmeasured ones:
 - `heartbeat`: `POST /v1/jobs/{id}/measurements`, kind heartbeat, with the job's own token;
 - `get`: `GET /v1/jobs/{id}` with a member token of the jobs' team;
 - `list`: `GET /v1/jobs?status=RUNNING&limit=20` with that member token;
+- `page2`: the same list's second page (`cursor` the id of its last job, as the first page gives it);
 - `submit`: `POST /v1/jobs` with that member token, the seeded jobs' spec under a new name each time
   (so its plan comes from the planner's cache, as a resubmitted experiment's does).
 
@@ -48,7 +49,7 @@ from typing import Any
 
 from side_by_side import add_against, postgres_server, trees
 
-CASES = ("healthz", "heartbeat", "get", "list", "submit")
+CASES = ("healthz", "heartbeat", "get", "list", "page2", "submit")
 WARM_UP = 50
 HERE = Path(__file__).resolve().parent
 
@@ -116,6 +117,8 @@ def measure(url: str, seeded: dict[str, Any], requests: int) -> dict[str, float]
             await app(scope, receive, send)
             return status[0]
 
+        page2 = f"status=RUNNING&limit=20&cursor={max(job_id for job_id, _ in jobs) - 20}".encode()
+
         def job(i: int) -> list[Any]:
             return jobs[i % len(jobs)]
 
@@ -124,6 +127,7 @@ def measure(url: str, seeded: dict[str, Any], requests: int) -> dict[str, float]
             "heartbeat": (lambda i: call("POST", f"/v1/jobs/{job(i)[0]}/measurements", job(i)[1], beat), 201),
             "get": (lambda i: call("GET", f"/v1/jobs/{job(i)[0]}", member), 200),
             "list": (lambda i: call("GET", "/v1/jobs", member, query=b"status=RUNNING&limit=20"), 200),
+            "page2": (lambda i: call("GET", "/v1/jobs", member, query=page2), 200),
             "submit": (lambda i: call("POST", "/v1/jobs", member,
                                       json.dumps({**spec, "name": f"submit-{pid}-{i}"}).encode()), 201),
         }

@@ -63,6 +63,7 @@ from service.settings import Settings
 from service.spec import TrainingSpec
 from service.store.calibration import CalibrationSource
 from service.store.db import make_engine, make_sessionmaker
+from service.store.known_tokens import KnownTokens
 from service.store.tokens import Principal
 
 LaunchPreview = Callable[[TrainingSpec, Plan], dict[str, Any] | None]
@@ -442,6 +443,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.state.analyses = AnalysisPool(settings.profile_workers, settings.profile_queue)
     app.state.planner = PlanRunner.from_settings(settings)
     app.state.engine = engine
+    app.state.known_tokens = KnownTokens()
     app.state.sessions = make_sessionmaker(engine)
     app.state.planner.calibration = CalibrationSource(app.state.sessions, min_runs=settings.calibration_min_runs)
     app.state.metrics = make_metrics(app.state.sessions, team_labels=settings.metrics_team_labels)

@@ -167,14 +167,14 @@ def ensure_bootstrap_admin(sessions: Sessions, token: str) -> Literal["created",
     from sqlalchemy.exc import IntegrityError
 
     from service.store.models import ApiToken
-    from service.store.tokens import _hash
+    from service.store.tokens import secret_hash
     from service.store.vocab import Role
 
     if BOOTSTRAP_TOKEN.fullmatch(token) is None:
         raise BootstrapRefused("SHARDCTL_BOOTSTRAP_ADMIN_TOKEN must be shc_<id>_<secret>: id 8 to 32 letters and"
                                " digits, secret 32 to 200 of [A-Za-z0-9_-] (the value is not shown)")
     _, token_id, secret = token.split("_", 2)
-    digest = _hash(secret)
+    digest = secret_hash(secret)
     for _ in range(2):
         try:
             with sessions.begin() as session:

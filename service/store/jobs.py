@@ -44,6 +44,7 @@ from service.store.job_sort import (
     cursor_values,
     segments,
 )
+from service.store.known_tokens import TOKEN_LIVE, Unproven
 from service.store.models import Attempt, Event, IdempotencyKey, Job, Measurement, Team, as_utc
 from service.store.queue_view import invalidate as invalidate_queue_view
 from service.store.states import TERMINAL, add_event, transition
@@ -192,6 +193,8 @@ def _detail_in_one() -> Select[Any]:
 
 
 _DETAIL_IN_ONE = _detail_in_one()
+#: `job_detail`'s first statement for a principal from `KnownTokens`: it checks the token too.
+_DETAIL_JOB_CHECKED, _DETAIL_IN_ONE_CHECKED = _DETAIL_JOB.where(TOKEN_LIVE), _DETAIL_IN_ONE.where(TOKEN_LIVE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,17 +209,27 @@ class JobDetail:
     measured: Sequence[Any]
 
 
-def job_detail(conn: Connection, principal: Principal, job_id: int) -> JobDetail:
+def job_detail(conn: Connection, principal: Principal, job_id: int, live: dict[str, Any] | None = None
+               ) -> JobDetail:
     """The job with its attempts and newest measurements if `principal` may see it (`can_see`), else
     `NotFound`. Core reads with no ORM objects, run in `one_statement` (autocommit on PostgreSQL). On
-    PostgreSQL one statement (`_DETAIL_IN_ONE`); on SQLite three, in `one_statement`'s transaction."""
+    PostgreSQL one statement (`_DETAIL_IN_ONE`); on SQLite three, in `one_statement`'s transaction.
+
+    `live` (`known_tokens.live_values`): `principal` comes from `KnownTokens`, and the first statement
+    checks that its token works (`TOKEN_LIVE`); `Unproven` when it returns no row (no such job, or a
+    token that no longer works: the caller authenticates the token and reads again)."""
+    params: dict[str, Any] = {"job_id": job_id} if live is None else {"job_id": job_id, **live}
     if conn.dialect.name == "postgresql":
-        row = conn.execute(_DETAIL_IN_ONE, {"job_id": job_id}).first()
+        row = conn.execute(_DETAIL_IN_ONE if live is None else _DETAIL_IN_ONE_CHECKED, params).first()
+        if row is None and live is not None:
+            raise Unproven
         if row is None or not can_see(principal, row):
             raise NotFound(f"no job {job_id}")
         return JobDetail(row, row.team_name, [AttemptShown.from_json(a) for a in row.attempts_json or ()],
                          [MeasuredShown.from_json(m) for m in row.measured_json or ()])
-    job = conn.execute(_DETAIL_JOB, {"job_id": job_id}).first()
+    job = conn.execute(_DETAIL_JOB if live is None else _DETAIL_JOB_CHECKED, params).first()
+    if job is None and live is not None:
+        raise Unproven
     if job is None or not can_see(principal, job):
         raise NotFound(f"no job {job_id}")
     return JobDetail(job, job.team_name, conn.execute(_DETAIL_ATTEMPTS, {"job_id": job_id}).all(),
@@ -298,35 +311,49 @@ _SUMMARY_COLUMNS = _summary_columns()
 
 
 def list_job_rows(conn: Connection, principal: Principal, filters: JobFilter, *, limit: int = 50,
-                  cursor: JobCursor | None = None, sort: JobSort = DEFAULT_SORT) -> tuple[list[Any], JobCursor | None]:
+                  cursor: JobCursor | None = None, sort: JobSort = DEFAULT_SORT,
+                  live: dict[str, Any] | None = None) -> tuple[list[Any], JobCursor | None]:
     """`list_jobs`' page as Core rows of the list's columns (`team_name` among them), without an ORM
     session or an object per job: what `GET /v1/jobs` answers with. Most sorts are one statement; run
     it in `one_statement`. A sort read in several statements (`finished`, `team` across teams: see
-    `segments`) sees what had committed when each started, as a READ COMMITTED transaction would."""
-    return _page(conn, _SUMMARY_COLUMNS, principal, filters, limit, cursor, sort)
+    `segments`) sees what had committed when each started, as a READ COMMITTED transaction would.
+
+    `live` (`known_tokens.live_values`): `principal` comes from `KnownTokens`, and the page's statement
+    checks that its token works (`TOKEN_LIVE`); `Unproven` when it returns no row (an empty page, or a
+    token that no longer works), or when the page takes several statements."""
+    return _page(conn, _SUMMARY_COLUMNS, principal, filters, limit, cursor, sort, live)
 
 
 def _page(source: Session | Connection, base: Select[*Row], principal: Principal, filters: JobFilter, limit: int,
-          cursor: JobCursor | None, sort: JobSort) -> tuple[list[Any], JobCursor | None]:
+          cursor: JobCursor | None, sort: JobSort, live: dict[str, Any] | None = None
+          ) -> tuple[list[Any], JobCursor | None]:
     """`list_jobs` over `base` (`_JOBS` or `_SUMMARY_COLUMNS`): ORM objects on a Session, else rows with
     `team_name` on a Connection. The statements come from `_page_statements`, built once per shape of
-    request, and run with this request's values."""
+    request, and run with this request's values; with `live`, see `list_job_rows`."""
     limit = max(1, min(limit, MAX_PAGE))
     names, values = _filter_values(principal, filters)
     values.update(cursor_values(cursor))
     after = After.of(cursor)
     if sort.field is SortField.TEAM and principal.role == Role.ADMIN and not filters.team:
+        if live is not None:
+            raise Unproven  # several statements: a token that stopped working between them would cut the page short
         teams = _teams_from(source, sort, cursor)  # a statement per team: built for this request
         team = cursor.value if cursor is not None and isinstance(cursor.value, str) else None
         pages = _statements(base, principal.role, names, segments(sort, after, teams=teams, cursor_team=team))
     else:
-        pages = _page_statements(base, principal.role, names, sort, after)
+        pages = _page_statements(base, principal.role, names, sort, after, live is not None)
+        if live is not None:
+            if len(pages) != 1:
+                raise Unproven
+            values.update(live)
     rows: list[Any] = []
     for page in pages:
         if len(rows) > limit:
             break
         params = {**values, "limit": limit + 1 - len(rows)}
         rows += source.scalars(page, params) if isinstance(source, Session) else source.execute(page, params).all()
+    if not rows and live is not None:
+        raise Unproven
     if len(rows) <= limit:
         return rows, None
     last = rows[limit - 1]
@@ -335,17 +362,20 @@ def _page(source: Session | Connection, base: Select[*Row], principal: Principal
 
 @functools.lru_cache(maxsize=1024)
 def _page_statements(base: Select[*Row], role: Role, names: frozenset[str], sort: JobSort,
-                     after: After) -> tuple[Select[*Row], ...]:
+                     after: After, checked: bool = False) -> tuple[Select[*Row], ...]:
     """The statements of a page: built once for each shape of request, where building one took as
     long as running it (and SQLAlchemy then matched a new statement's columns to its cached compiled
     form on every execution). Every value is a bind parameter with no value of its own, so a run that
-    left one out would fail, never reuse another request's."""
-    return _statements(base, role, names, segments(sort, after))
+    left one out would fail, never reuse another request's. `checked`: each also checks the token
+    (`TOKEN_LIVE`)."""
+    return _statements(base, role, names, segments(sort, after), checked)
 
 
 def _statements(base: Select[*Row], role: Role, names: frozenset[str],
-                parts: list[Segment]) -> tuple[Select[*Row], ...]:
+                parts: list[Segment], checked: bool = False) -> tuple[Select[*Row], ...]:
     stmt = _filtered(base, role, names)
+    if checked:
+        stmt = stmt.where(TOKEN_LIVE)
     return tuple(stmt.where(*where).order_by(*order).limit(bindparam("limit")) for where, order in parts)
 
 

@@ -47,7 +47,8 @@ class Principal:
         return f"{self.role.value}:{self.token_id}"
 
 
-def _hash(secret: str) -> str:
+def secret_hash(secret: str) -> str:
+    """What is stored of a token's secret (the part after its id): its SHA-256, in hex."""
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
@@ -94,7 +95,7 @@ def create_token(session: Session, *, role: Role, team: Team | None = None, job_
         raise ValueError("a job token needs a job")
     token_id = secrets.token_hex(8)
     secret = secrets.token_urlsafe(32)
-    row = ApiToken(id=token_id, secret_hash=_hash(secret), role=role, team_id=team.id if team else None,
+    row = ApiToken(id=token_id, secret_hash=secret_hash(secret), role=role, team_id=team.id if team else None,
                    job_id=job_id, name=name, expires_at=expires_at)
     session.add(row)
     session.flush()
@@ -130,7 +131,7 @@ def authenticate(session: Session | Connection, bearer: str, *,
         return None
     conn = session.connection() if isinstance(session, Session) else session
     found = conn.execute(_AUTHENTICATION, {"token_id": parts[1]}).first()
-    if found is None or not hmac.compare_digest(found.secret_hash, _hash(parts[2])):
+    if found is None or not hmac.compare_digest(found.secret_hash, secret_hash(parts[2])):
         return None
     now = utcnow()
     if found.revoked_at is not None:

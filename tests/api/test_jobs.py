@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pytest
-from sqlalchemy import event, text
+from sqlalchemy import text
 
 from service.api.views import detail_out, job_out, job_summary
 from service.failures import FailureClass
@@ -22,6 +20,7 @@ from service.store.vocab import AttemptStatus, MeasurementKind, Role
 from tests.db_fixtures import Env
 from tests.reports import report
 from tests.specs import tiny
+from tests.statement_log import statements
 
 
 def submit(env: Env, headers: dict[str, str], spec: dict, key: str | None = None):  # type: ignore[no-untyped-def]
@@ -44,28 +43,6 @@ def test_submit_plans_and_queues(env: Env, admin: dict[str, str]) -> None:
     assert job == env.client.get(f"/v1/jobs/{job['id']}", headers=admin).json()
 
 
-def _statement_recorder(seen: list[str]) -> Callable[..., None]:
-    """A `before_cursor_execute` listener that appends each statement to `seen` as its verb and table
-    ("SELECT teams", "INSERT jobs+events" for a data-modifying CTE), leaving out transaction control and
-    the calibration read (read once per TTL)."""
-
-    def record(_conn: object, _cursor: object, statement: str, *_: object) -> None:
-        inserts = re.findall(r"INSERT INTO (\w+)", statement)
-        while "(" in statement:  # the top-level statement only: subqueries and column lists out
-            statement = re.sub(r"\([^()]*\)", "", statement)
-        words = statement.split()
-        verb = words[0].upper()
-        if verb in ("BEGIN", "COMMIT", "ROLLBACK") or "calibration_" in statement:
-            return
-        if verb == "WITH":  # one statement that inserts into several tables
-            seen.append("INSERT " + "+".join(inserts))
-            return
-        table = words[words.index("INTO") + 1] if verb == "INSERT" else words[words.index("FROM") + 1]
-        seen.append(f"{verb} {table.strip(chr(34))}")
-
-    return record
-
-
 def test_a_submission_is_three_or_four_statements_the_token_the_team_and_pools_the_job_and_its_event(
         env: Env, admin: dict[str, str]) -> None:
     """What a submission costs the database, the number that bounds submissions per second: the token
@@ -75,37 +52,32 @@ def test_a_submission_is_three_or_four_statements_the_token_the_team_and_pools_t
     and one INSERT of it more."""
     member = env.headers(env.token("member", team="alpha"))
     assert submit(env, member, tiny(name="warm")).status_code == 201  # plans it: the next ones hit the cache
-    seen: list[str] = []
-    record = _statement_recorder(seen)
-    event.listen(env.app.state.engine, "before_cursor_execute", record)
-    try:
+    with statements(env) as seen:
         assert submit(env, member, tiny(name="counted", priority=1)).status_code == 201
         plain = list(seen)
         seen.clear()
         assert submit(env, member, tiny(name="keyed"), key="k-1").status_code == 201
-    finally:
-        event.remove(env.app.state.engine, "before_cursor_execute", record)
     writes = ["INSERT jobs+events"] if env.url.startswith("postgresql") else ["INSERT jobs", "INSERT events"]
     assert plain == ["SELECT api_tokens", "SELECT teams", *writes]
     assert seen == ["SELECT api_tokens", "SELECT idempotency_keys", "SELECT teams", *writes, "INSERT idempotency_keys"]
 
 
-def test_a_job_read_is_two_statements_on_postgresql_the_token_and_the_job_with_its_attempts_and_measurements(
+def test_a_job_read_is_one_statement_on_postgresql_the_job_with_its_attempts_measurements_and_token_check(
         env: Env, admin: dict[str, str]) -> None:
-    """`GET /v1/jobs/{id}`, the read every dashboard and script polls: the token check, then on
-    PostgreSQL one statement for the job, its team's name, its attempts and its newest measurements;
-    on SQLite three."""
+    """`GET /v1/jobs/{id}`, the read every dashboard and script polls: on PostgreSQL one statement for
+    the job, its team's name, its attempts and its newest measurements; on SQLite three. The first read
+    with a token checks it in a statement of its own; later reads check it in the job's statement
+    (`known_tokens.TOKEN_LIVE`)."""
     job_id = submit(env, admin, tiny()).json()["id"]
-    seen: list[str] = []
-    record = _statement_recorder(seen)
-    event.listen(env.app.state.engine, "before_cursor_execute", record)
-    try:
-        assert env.client.get(f"/v1/jobs/{job_id}", headers=admin).status_code == 200
-    finally:
-        event.remove(env.app.state.engine, "before_cursor_execute", record)
     reads = ["SELECT jobs"] if env.url.startswith("postgresql") else ["SELECT jobs", "SELECT attempts",
                                                                        "SELECT measurements"]
-    assert seen == ["SELECT api_tokens", *reads]
+    with statements(env) as seen:
+        assert env.client.get(f"/v1/jobs/{job_id}", headers=admin).status_code == 200
+        first = list(seen)
+        seen.clear()
+        assert env.client.get(f"/v1/jobs/{job_id}", headers=admin).status_code == 200
+    assert first == ["SELECT api_tokens", *reads]
+    assert seen == reads
 
 
 def test_same_key_same_body_returns_the_first_job(env: Env, admin: dict[str, str]) -> None:

@@ -1,0 +1,146 @@
+"""A token the API has authenticated before is checked inside the read's own statement
+(`service.store.known_tokens`): it must stop working exactly when `tokens.authenticate` says so, on
+SQLite and PostgreSQL, whatever the read finds."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import literal, select, update
+
+from service.store import tokens
+from service.store.db import one_statement
+from service.store.known_tokens import TOKEN_LIVE, KnownTokens, live_values
+from service.store.models import ApiToken, Job
+from service.store.tokens import Principal, authenticate
+from service.store.vocab import Role
+from tests.db_fixtures import Env
+from tests.specs import tiny
+from tests.statement_log import statements
+
+
+def _job(env: Env, headers: dict[str, str]) -> int:
+    r = env.client.post("/v1/jobs", json=tiny(), headers=headers)
+    assert r.status_code == 201, r.text
+    return int(r.json()["id"])
+
+
+def _reads(env: Env, headers: dict[str, str], job_id: int) -> tuple[int, int, int]:
+    """Status of the job's read, of a list page with rows, and of an empty list page."""
+    return tuple(env.client.get(path, headers=headers).status_code  # type: ignore[return-value]
+                 for path in _paths(job_id))
+
+
+def _paths(job_id: int) -> tuple[str, str, str]:
+    return f"/v1/jobs/{job_id}", "/v1/jobs?limit=1", "/v1/jobs?status=SUCCEEDED"
+
+
+def _set(env: Env, table: type[ApiToken] | type[Job], row_id: object, **values: object) -> None:
+    with env.app.state.sessions.begin() as session:
+        session.execute(update(table).where(table.id == row_id).values(**values))
+
+
+def test_a_remembered_token_stops_working_at_once_when_revoked_or_expired(env: Env, admin: dict[str, str]) -> None:
+    """For each read (the job, a page with rows, an empty page), a token proven remembered by that read
+    (answered without its lookup), then revoked (through the API) or expired (in the store): that same
+    read is now a 401, and the token is forgotten."""
+    job_id = _job(env, admin)
+    for path in _paths(job_id):
+        for end in ("revoke", "expire"):
+            secret = env.token("member", team="default")
+            headers = env.headers(secret)
+            assert env.client.get(path, headers=headers).status_code == 200
+            with statements(env) as seen:
+                assert env.client.get(path, headers=headers).status_code == 200
+            # an empty page proves nothing of the token: it is looked up
+            assert ("SELECT api_tokens" in seen) == path.endswith("SUCCEEDED"), (path, seen)
+            token_id = secret.split("_")[1]
+            if end == "revoke":
+                assert env.client.post(f"/v1/tokens/{token_id}/revoke", headers=admin).status_code == 200
+            else:
+                _set(env, ApiToken, token_id, expires_at=datetime.now(UTC) - timedelta(seconds=1))
+            assert env.client.get(path, headers=headers).status_code == 401, (path, end)
+            assert env.app.state.known_tokens.principal(secret) is None
+
+
+def test_a_remembered_job_token_ends_with_the_grace_after_its_job(env: Env, admin: dict[str, str]) -> None:
+    """A job token reads its own job (and lists it) while the job runs and for `job_token_grace_s` after
+    it ends, then gets a 401 at once, as a token looked up afresh would; another job is a 404 all along."""
+    grace = env.app.state.settings.job_token_grace_s
+    for listed in (False, True):
+        job_id, other = _job(env, admin), _job(env, admin)
+        job = env.headers(env.token("job", job_id=job_id))
+        read = "/v1/jobs?limit=1" if listed else f"/v1/jobs/{job_id}"
+        assert env.client.get(read, headers=job).status_code == 200
+        assert env.client.get(f"/v1/jobs/{other}", headers=job).status_code == 404
+        now = datetime.now(UTC)
+        _set(env, Job, job_id, finished_at=now - timedelta(seconds=grace - 60))
+        with statements(env) as seen:
+            assert env.client.get(read, headers=job).status_code == 200
+        assert "SELECT api_tokens" not in seen
+        assert env.client.get(f"/v1/jobs/{other}", headers=job).status_code == 404
+        _set(env, Job, job_id, finished_at=now - timedelta(seconds=grace + 1))
+        assert env.client.get(read, headers=job).status_code == 401, read
+
+
+def test_a_remembered_token_id_with_another_secret_is_refused_and_evicts_nothing(env: Env) -> None:
+    secret = env.token("admin")
+    job_id = _job(env, env.headers(secret))
+    assert _reads(env, env.headers(secret), job_id) == (200, 200, 200)
+    forged = secret[:-4] + ("AAAA" if not secret.endswith("AAAA") else "BBBB")
+    assert _reads(env, env.headers(forged), job_id) == (401, 401, 401)
+    with statements(env) as seen:
+        assert env.client.get(f"/v1/jobs/{job_id}", headers=env.headers(secret)).status_code == 200
+    assert "SELECT api_tokens" not in seen  # still remembered
+
+
+def test_the_statements_check_agrees_with_authenticate_at_every_boundary(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`TOKEN_LIVE`, bound by `live_values` at an instant, against `authenticate` at the same instant,
+    for tokens revoked or not, expiring just before, at or after it, and job tokens whose job ended
+    just before, at or after the end of the grace (to the microsecond: how both databases store time)."""
+    now = datetime(2026, 12, 6, 9, 30, 15, 123456, tzinfo=UTC)
+    monkeypatch.setattr(tokens, "utcnow", lambda: now)
+    grace = 300.0
+    ended_by = now - timedelta(seconds=grace)
+    tick = timedelta(microseconds=1)
+    admin = env.token("admin")
+    cases: list[tuple[str, str]] = []
+    for revoked in (None, now - timedelta(days=1)):
+        for expires in (None, now - tick, now, now + tick):
+            secret = env.token("member", team="default", expires_at=expires)
+            _set(env, ApiToken, secret.split("_")[1], revoked_at=revoked)
+            cases.append((f"member revoked={revoked} expires={expires}", secret))
+    for finished in (None, ended_by - tick, ended_by, ended_by + tick):
+        job_id = _job(env, env.headers(admin))
+        _set(env, Job, job_id, finished_at=finished)
+        cases.append((f"job finished={finished}", env.token("job", job_id=job_id)))
+    verdicts = []
+    with one_statement(env.app.state.engine) as conn:
+        for what, secret in cases:
+            row = conn.execute(select(ApiToken.role, ApiToken.team_id, ApiToken.job_id)
+                               .where(ApiToken.id == secret.split("_")[1])).one()
+            principal = Principal(secret.split("_")[1], row.role, row.team_id, None, row.job_id)
+            live = conn.execute(select(literal(1)).where(TOKEN_LIVE), live_values(principal, now, grace)).first()
+            works = authenticate(conn, secret, job_token_grace_s=grace) is not None
+            assert (live is not None) == works, what
+            verdicts.append(works)
+    # both answers occur at each boundary: expiring at `now` or ending at `ended_by` is the end
+    assert verdicts == [True, False, False, True] + [False] * 4 + [True, False, False, True]
+
+
+def test_known_tokens_keeps_what_authenticate_found_by_secret_and_at_most_its_size() -> None:
+    known = KnownTokens(size=2)
+    secrets = [f"shc_{i:016x}_secret-{i}" for i in range(3)]
+    principals = [Principal(f"{i:016x}", Role.MEMBER, team_id=i) for i in range(3)]
+    for secret, principal in zip(secrets, principals, strict=True):
+        known.remember(secret, principal)
+    assert len(known) == 2
+    assert [known.principal(s) for s in secrets] == [None, principals[1], principals[2]]  # the oldest went
+    assert known.principal(secrets[2].replace("secret", "forged")) is None
+    assert known.principal("not-a-token") is None and known.principal("shc_x") is None
+    known.forget(secrets[1].replace("secret", "forged"))
+    assert known.principal(secrets[1]) == principals[1]
+    known.forget(secrets[1])
+    assert known.principal(secrets[1]) is None and len(known) == 1
