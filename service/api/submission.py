@@ -17,6 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -272,10 +273,11 @@ def fitting_plan(spec: TrainingSpec, planner: PlanRunner) -> Plan:
     return result
 
 
-def resolve_team(session: Session, name: str) -> SubmittingTeam:
+def resolve_team(session: Session, name: str, live: dict[str, Any] | None = None) -> SubmittingTeam:
     """The team `name` and what a submission checks of it. Only the default team appears by itself;
-    other teams are created on purpose (POST /v1/teams): `NotFound` naming the fix."""
-    team = submitting_team(session, name, create=name == DEFAULT_TEAM)
+    other teams are created on purpose (POST /v1/teams): `NotFound` naming the fix. With `live`, the
+    read checks the submitter's token too (`submitting_team`: `Unproven`)."""
+    team = submitting_team(session, name, create=name == DEFAULT_TEAM, live=live)
     if team is None:
         raise no_such_team(name)
     return team
@@ -283,11 +285,14 @@ def resolve_team(session: Session, name: str) -> SubmittingTeam:
 
 def submit_job(db: sessionmaker[Session], principal: Principal, spec: TrainingSpec,
                idempotency_key: str | None, configured: Collection[str] | None, planner: PlanRunner,
-               *, local_gpus: str | None = None) -> Submitted:
+               *, local_gpus: str | None = None, live: dict[str, Any] | None = None) -> Submitted:
     """Plan and queue `spec`; the answer carries the response body. Everything the job needs is
     checked and written in one transaction (priority limit, pools, team, job, event, idempotency key),
     committed before this returns; planning comes first, outside it (cached, on `planner`'s threads).
     A request with an `Idempotency-Key` first looks the key up in a transaction of its own.
+
+    `live` (`known_tokens.live_values`, without an `Idempotency-Key`): `principal` comes from
+    `KnownTokens`, and the transaction's read of the team checks its token (`Unproven`: nothing stored).
 
     Raises `ApiError` 403 when a member names another team or sets a priority above the team's
     `max_priority`, 422 when the spec's backend is not configured or no layout fits (with the
@@ -298,6 +303,8 @@ def submit_job(db: sessionmaker[Session], principal: Principal, spec: TrainingSp
     """
     check_backend(spec, configured)
     team_name = team_of(principal, spec)
+    if live is not None and idempotency_key is not None:
+        raise ValueError("with an Idempotency-Key the token is checked first: the replay is read before the team")
     if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_KEY:
         raise ApiError(400, "bad_request", f"Idempotency-Key must be 1 to {MAX_KEY} characters")
     idem = None
@@ -312,7 +319,7 @@ def submit_job(db: sessionmaker[Session], principal: Principal, spec: TrainingSp
     stored_spec = spec.model_copy(update={"team": team_name})
     try:
         with db.begin() as session:
-            team = resolve_team(session, team_name)
+            team = resolve_team(session, team_name, live)
             check_priority(principal, team, spec.priority)
             check_pools(session, spec, result, local_gpus, pools=in_effect(team.pools, local_gpus))
             [job] = insert_jobs(session, [NewJob(team=team, spec=stored_spec, plan=result)], actor=principal.actor,

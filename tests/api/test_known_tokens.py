@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import literal, select, update
+from sqlalchemy import func, literal, select, update
 
 from service.store import tokens
 from service.store.db import one_statement
@@ -82,6 +82,45 @@ def test_a_remembered_job_token_ends_with_the_grace_after_its_job(env: Env, admi
         assert env.client.get(f"/v1/jobs/{other}", headers=job).status_code == 404
         _set(env, Job, job_id, finished_at=now - timedelta(seconds=grace + 1))
         assert env.client.get(read, headers=job).status_code == 401, read
+
+
+def _jobs_stored(env: Env) -> int:
+    with env.app.state.sessions() as session:
+        return int(session.scalar(select(func.count()).select_from(Job)) or 0)
+
+
+def test_a_remembered_submitter_is_checked_by_the_teams_read_and_refused_at_once(env: Env) -> None:
+    """A submission from a token seen before checks it in the transaction's read of the team: once
+    the token is revoked, its next submission is a 401 and stores nothing, even one the planner would
+    refuse (a 401 before the 422, as for a token looked up first)."""
+    admin = env.headers(env.token("admin"))
+    secret = env.token("member", team="alpha")
+    member = env.headers(secret)
+    assert env.client.post("/v1/jobs", json=tiny(name="first"), headers=member).status_code == 201
+    with statements(env) as seen:
+        assert env.client.post("/v1/jobs", json=tiny(name="second"), headers=member).status_code == 201
+    assert seen[0] == "SELECT teams" and "SELECT api_tokens" not in seen
+    unfit = tiny(model={"preset": "llama-3.1-405b"}, resources={"gpu": "H100-SXM-80GB", "gpus_per_node": 8})
+    refused = env.client.post("/v1/jobs", json=unfit, headers=member)
+    assert refused.status_code == 422, refused.text  # from a remembered token: the route's own answer
+    stored = _jobs_stored(env)
+    assert env.client.post(f"/v1/tokens/{secret.split('_')[1]}/revoke", headers=admin).status_code == 200
+    for spec in (unfit, tiny(name="third")):  # the unfit one first, while the token is still remembered
+        r = env.client.post("/v1/jobs", json=spec, headers=member)
+        assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer", r.text
+    assert _jobs_stored(env) == stored
+
+
+def test_a_remembered_submitter_into_a_team_not_made_yet_is_looked_up_then_submits(env: Env) -> None:
+    """The default team is made by the first submission into it. A token remembered from a read, whose
+    submission finds no team, proves nothing: it is looked up and the submission goes on as before."""
+    admin = env.headers(env.token("admin"))
+    assert env.client.get("/v1/jobs/1", headers=admin).status_code == 404  # remembered; no team yet
+    with statements(env) as seen:
+        r = env.client.post("/v1/jobs", json=tiny(), headers=admin)
+    assert r.status_code == 201 and r.json()["team"] == "default", r.text
+    token_and_team = [s for s in seen if s in ("SELECT api_tokens", "SELECT teams")]  # planning reads too
+    assert token_and_team[:3] == ["SELECT teams", "SELECT api_tokens", "SELECT teams"], seen
 
 
 def test_a_remembered_token_id_with_another_secret_is_refused_and_evicts_nothing(env: Env) -> None:
