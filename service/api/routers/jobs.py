@@ -148,10 +148,10 @@ def _submit_with_token(api: FastAPI, secret: str, spec: TrainingSpec, idempotenc
                        ) -> ShortcutTaken | None:
     """The submission shortcut's thread hop. A token this process has authenticated before
     (`KnownTokens`), submitting without an `Idempotency-Key`, is checked by the transaction's read of
-    the team: one statement fewer than a lookup first. A refusal before that read proved the token
-    declines as if the token had not been looked up (None: the gate checks it, then the route answers).
-    Otherwise, or when the read proves nothing (`Unproven`: nothing stored), the token is looked up
-    first on a connection of its own."""
+    the team: one statement fewer than a lookup first. A refusal (which may come before that read, as
+    the planner's does) declines as if the token had not been looked up (None: the gate checks it,
+    then the route answers). Otherwise, or when the read proves nothing (`Unproven`: nothing stored),
+    the token is looked up first on a connection of its own."""
     state = api.state
     known: KnownTokens = state.known_tokens
     remembered = known.principal(secret)
