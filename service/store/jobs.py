@@ -470,38 +470,49 @@ def add_measurement(session: Session, principal: Principal, job: Job, kind: Meas
     return row
 
 
-def _heartbeat_insert(*, team: bool) -> Insert:
-    """INSERT INTO measurements ... SELECT FROM jobs WHERE id = :job_id [AND team_id = :team_id]."""
+def _heartbeat_insert(*, team: bool, checked: bool = False) -> Insert:
+    """INSERT INTO measurements ... SELECT FROM jobs WHERE id = :job_id [AND team_id = :team_id]
+    [AND the token works: `TOKEN_LIVE`]."""
     jobs, measurements = Job.__table__, Measurement.__table__
     source = select(jobs.c.id, bindparam("kind", type_=measurements.c.kind.type),
                     bindparam("at", type_=measurements.c.at.type),
                     bindparam("data", type_=measurements.c.data.type)).where(jobs.c.id == bindparam("job_id"))
     if team:
         source = source.where(jobs.c.team_id == bindparam("team_id"))
+    if checked:
+        source = source.where(TOKEN_LIVE)
     return insert(Measurement).from_select(["job_id", "kind", "at", "data"], source).returning(Measurement.id)
 
 
-#: Built once (a running job sends one every few seconds): for admins and job tokens, and for members.
-_HEARTBEAT = _heartbeat_insert(team=False)
-_TEAM_HEARTBEAT = _heartbeat_insert(team=True)
+#: Built once (a running job sends one every few seconds): for admins and job tokens, and for members;
+#: each also checking the token, for a principal from `KnownTokens`.
+_HEARTBEAT, _HEARTBEAT_CHECKED = _heartbeat_insert(team=False), _heartbeat_insert(team=False, checked=True)
+_TEAM_HEARTBEAT, _TEAM_HEARTBEAT_CHECKED = _heartbeat_insert(team=True), _heartbeat_insert(team=True, checked=True)
 
 
-def add_heartbeat(conn: Connection, principal: Principal, job_id: int, data: dict[str, Any], *, at: datetime) -> None:
+def add_heartbeat(conn: Connection, principal: Principal, job_id: int, data: dict[str, Any], *, at: datetime,
+                  live: dict[str, Any] | None = None) -> None:
     """Store a heartbeat of job `job_id` with `data` at `at`. The same rule as
     `visible_job`: a job the principal may not see, or that does not exist, is `NotFound` and nothing is
     stored. One statement and no job loaded (a heartbeat comes from every running job every few
     seconds): the row is inserted from the job's row, which the principal's rule filters. No event,
     as `add_measurement` writes none for a heartbeat. `conn` is a Core connection (one statement: it
-    needs no transaction, see `service.store.db.one_statement`)."""
+    needs no transaction, see `service.store.db.one_statement`).
+
+    `live` (`known_tokens.live_values`): `principal` comes from `KnownTokens`, and the insert checks
+    that its token works (`TOKEN_LIVE`); `Unproven`, not `NotFound`, whenever nothing is stored (the
+    caller authenticates the token and goes again)."""
+    missing: Exception = NotFound(f"no job {job_id}") if live is None else Unproven()
     if principal.role == Role.JOB and principal.job_id != job_id:
-        raise NotFound(f"no job {job_id}")
-    values = {"kind": MeasurementKind.HEARTBEAT, "at": at, "data": data, "job_id": job_id}
+        raise missing
+    values = {"kind": MeasurementKind.HEARTBEAT, "at": at, "data": data, "job_id": job_id, **(live or {})}
     if principal.role == Role.MEMBER:
-        stored = conn.execute(_TEAM_HEARTBEAT, {**values, "team_id": principal.team_id}).first()
+        insert_team = _TEAM_HEARTBEAT if live is None else _TEAM_HEARTBEAT_CHECKED
+        stored = conn.execute(insert_team, {**values, "team_id": principal.team_id}).first()
     else:
-        stored = conn.execute(_HEARTBEAT, values).first()
+        stored = conn.execute(_HEARTBEAT if live is None else _HEARTBEAT_CHECKED, values).first()
     if stored is None:
-        raise NotFound(f"no job {job_id}")
+        raise missing
 
 
 def latest_measurements(source: Session | Connection, job_id: int) -> list[Any]:

@@ -123,6 +123,35 @@ def test_a_remembered_submitter_into_a_team_not_made_yet_is_looked_up_then_submi
     assert token_and_team[:3] == ["SELECT teams", "SELECT api_tokens", "SELECT teams"], seen
 
 
+def test_a_remembered_heartbeat_is_one_insert_and_a_dead_token_is_refused_before_anything_else(env: Env) -> None:
+    """A job token's heartbeat after its first is the insert alone, checking the token. Once revoked, the
+    job token's heartbeat is a 401 storing nothing, and so is a revoked member's (not the 403 a member
+    gets while its token works); a heartbeat on another job is a 404 either way while the token works."""
+    admin = env.headers(env.token("admin"))
+    job_id, other = _job(env, admin), _job(env, admin)
+    beat = {"kind": "heartbeat", "data": {"step": 1}}
+    job_secret, member_secret = env.token("job", job_id=job_id), env.token("member", team="alpha")
+    job, member = env.headers(job_secret), env.headers(member_secret)
+    assert env.client.post(f"/v1/jobs/{job_id}/measurements", json=beat, headers=job).status_code == 201
+    with statements(env) as seen:
+        assert env.client.post(f"/v1/jobs/{job_id}/measurements", json=beat, headers=job).status_code == 201
+    assert seen == ["INSERT measurements"]
+    assert env.client.post(f"/v1/jobs/{other}/measurements", json=beat, headers=job).status_code == 404
+    assert env.client.get("/v1/jobs?limit=1", headers=member).status_code == 200  # remembered
+    assert env.client.post(f"/v1/jobs/{job_id}/measurements", json=beat, headers=member).status_code == 403
+    second_job_secret = env.token("job", job_id=job_id)  # a remembered job token for each target below
+    assert env.client.post(f"/v1/jobs/{job_id}/measurements", json=beat,
+                           headers=env.headers(second_job_secret)).status_code == 201
+    stored = env.client.get(f"/v1/jobs/{job_id}", headers=admin).json()["measurements"]["heartbeat"]
+    for secret, target in ((job_secret, job_id), (second_job_secret, other), (member_secret, job_id)):
+        assert env.app.state.known_tokens.principal(secret) is not None
+        assert env.client.post(f"/v1/tokens/{secret.split('_')[1]}/revoke", headers=admin).status_code == 200
+        r = env.client.post(f"/v1/jobs/{target}/measurements", json={**beat, "data": {"step": 2}},
+                            headers=env.headers(secret))
+        assert r.status_code == 401, r.text
+    assert env.client.get(f"/v1/jobs/{job_id}", headers=admin).json()["measurements"]["heartbeat"] == stored
+
+
 def test_a_remembered_token_id_with_another_secret_is_refused_and_evicts_nothing(env: Env) -> None:
     secret = env.token("admin")
     job_id = _job(env, env.headers(secret))

@@ -278,39 +278,35 @@ async def jobs_shortcut(api: FastAPI, request: ShortcutRequest) -> ShortcutTaken
     query = plain_list_query(request.query)
     if query is None:
         return None
-    return await anyio.to_thread.run_sync(_read_with_token, api, request.secret,
+    return await anyio.to_thread.run_sync(_with_token, api, request.secret,
                                           lambda conn, principal, live: page_answer(conn, principal, query, live))
 
 
-Read = Callable[[Connection, Principal, dict[str, Any] | None], Response]
-"""A read shortcut's work: its answer for the principal. With the values of `TOKEN_LIVE` (not None), its
-statement checks the token too and raises `Unproven` when it returns no row."""
+Work = Callable[[Connection, Principal, dict[str, Any] | None], Response | None]
+"""A shortcut's work on one connection: its answer for the principal, or None to decline. With the
+values of `TOKEN_LIVE` (not None), its statement checks the token too: `Unproven` when it returns no
+row, and `NotFound` only once a row has come back."""
 
 
-def _read_with_token(api: FastAPI, secret: str, read: Read) -> ShortcutTaken:
-    """What the read shortcuts do in their thread hop. For a token this process has authenticated before
-    (`KnownTokens`), `read` checks it in its own statement: one statement fewer than a lookup first.
-    Otherwise, or when that statement proves nothing (`Unproven`), `_authenticated` on the same
-    connection."""
+def _with_token(api: FastAPI, secret: str, work: Work) -> ShortcutTaken:
+    """What the read and heartbeat shortcuts do in their thread hop. For a token this process has
+    authenticated before (`KnownTokens`), `work` checks it in its own statement: one statement fewer
+    than a lookup first. Otherwise, or when that statement proves nothing (`Unproven`, or a decline or
+    an `ApiError` that may come before it), `_authenticated` on the same connection."""
     known: KnownTokens = api.state.known_tokens
     remembered = known.principal(secret)
     with one_statement(api.state.engine) as conn:
         if remembered is not None:
             live = live_values(remembered, utcnow(), api.state.settings.job_token_grace_s)
             try:
-                return remembered, read(conn, remembered, live)
-            except Unproven:
-                pass
-            except (NotFound, ApiError):  # a row came back: the token works
+                answer = work(conn, remembered, live)
+            except (Unproven, ApiError):
+                answer = None
+            except NotFound:  # a row came back: the token works
                 return remembered, None
-        return _authenticated(api, conn, secret, lambda conn, principal: read(conn, principal, None))
-
-
-def _with_token(api: FastAPI, secret: str, work: Callable[[Connection, Principal], Response | None]
-                ) -> ShortcutTaken:
-    """What the heartbeat shortcut does in its thread hop: `_authenticated` on one connection."""
-    with one_statement(api.state.engine) as conn:
-        return _authenticated(api, conn, secret, work)
+            if answer is not None:
+                return remembered, answer
+        return _authenticated(api, conn, secret, lambda conn, principal: work(conn, principal, None))
 
 
 def _authenticated(api: FastAPI, conn: Connection, secret: str,
@@ -366,7 +362,7 @@ async def job_shortcut(api: FastAPI, request: ShortcutRequest) -> ShortcutTaken 
     job_id = _shortcut_job_id(request.path_params)
     if job_id is None:
         return None
-    return await anyio.to_thread.run_sync(_read_with_token, api, request.secret,
+    return await anyio.to_thread.run_sync(_with_token, api, request.secret,
                                           lambda conn, principal, live: job_answer(conn, principal, job_id, live))
 
 
@@ -532,14 +528,15 @@ def get_events(job_id: JobId, principal: Caller, db: Db, request: Request,
     return EventStreamResponse(event_stream(db, auth, job_id, start, poll_s, grace), release)
 
 
-def heartbeat_answer(conn: Connection, principal: Principal, job_id: int, data: dict[str, Any]) -> JSONResponse:
+def heartbeat_answer(conn: Connection, principal: Principal, job_id: int, data: dict[str, Any],
+                     live: dict[str, Any] | None = None) -> JSONResponse:
     """Store a heartbeat of job `job_id` on `conn` (`add_heartbeat`: `NotFound` for a job `principal`
-    may not see) and return the 201 answer. The answer is rendered before the insert, which commits by
-    itself (`one_statement`): an answer that cannot be sent (`ApiError`) stores nothing, as `rendered`
-    inside a transaction guarantees for the other kinds."""
+    may not see; it reads `live`) and return the 201 answer. The answer is rendered before the insert,
+    which commits by itself (`one_statement`): an answer that cannot be sent (`ApiError`) stores
+    nothing, as `rendered` inside a transaction guarantees for the other kinds."""
     at = utcnow()
     answer = rendered(MeasurementOut(kind=MeasurementKind.HEARTBEAT, at=at, data=data), 201)
-    add_heartbeat(conn, principal, job_id, data, at=at)
+    add_heartbeat(conn, principal, job_id, data, at=at, live=live)
     return answer
 
 
@@ -562,10 +559,10 @@ async def heartbeat_shortcut(api: FastAPI, request: ShortcutRequest) -> Shortcut
     if measured.kind != MeasurementKind.HEARTBEAT:
         return None
 
-    def store(conn: Connection, principal: Principal) -> Response | None:
+    def store(conn: Connection, principal: Principal, live: dict[str, Any] | None) -> Response | None:
         if principal.role == Role.MEMBER:  # the route's 403
             return None
-        return heartbeat_answer(conn, principal, job_id, measured.data)
+        return heartbeat_answer(conn, principal, job_id, measured.data, live)
 
     return await anyio.to_thread.run_sync(_with_token, api, request.secret, store)
 
