@@ -2,13 +2,13 @@
 
 What a token is (its id, its secret's hash, its role, team and job) never changes once it is created;
 whether it works (revocation, expiry, its job's end) can change at any moment. `KnownTokens` keeps the
-first kind for the tokens this process has authenticated, so a read knows who is asking before it
-runs; `token_live` is the second kind as a condition that the read's own statement carries, with the
-same rules as `tokens.authenticate`.
+first kind for the tokens this process has authenticated, so a request knows who is asking before
+its statement runs; `TOKEN_LIVE` is the second kind as a condition that the statement carries, with
+the same rules as `tokens.authenticate`.
 
 A row that such a statement returns proves the token worked when the statement ran. No row proves
-nothing (the token may have stopped working, or there is simply nothing to show): the reader raises
-`Unproven`, and the caller authenticates the token in full and reads again.
+nothing (the token may have stopped working, or there is simply nothing to show): the store raises
+`Unproven`, and the caller authenticates the token in full and goes again.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from service.store.models import ApiToken, Job
 from service.store.tokens import TOKEN_PREFIX, Principal, secret_hash
 from service.store.vocab import Role
 
-#: The bind parameters `token_live` reads (`live_values` gives them).
+#: The bind parameters `TOKEN_LIVE` reads (`live_values` gives them).
 LIVE_TOKEN, LIVE_NOW, LIVE_ENDED_BY = "live_token", "live_now", "live_ended_by"
 
 
 class Unproven(Exception):
-    """A statement carrying `token_live` returned no rows, so it says nothing of the token: authenticate
-    it (`tokens.authenticate`) and read again."""
+    """A statement carrying `TOKEN_LIVE` returned no rows, so it says nothing of the token: authenticate
+    it (`tokens.authenticate`) and go again."""
 
 
 def _token_live() -> ColumnElement[bool]:
