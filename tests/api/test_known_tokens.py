@@ -1,6 +1,7 @@
-"""A token the API has authenticated before is checked inside the read's own statement
-(`service.store.known_tokens`): it must stop working exactly when `tokens.authenticate` says so, on
-SQLite and PostgreSQL, whatever the read finds."""
+"""A token the API has authenticated before is checked inside the request's own statement (a read of a
+job or a list page, a heartbeat's insert, a submission's read of its team: `service.store.known_tokens`):
+it must stop working exactly when `tokens.authenticate` says so, on SQLite and PostgreSQL, whatever the
+statement finds."""
 
 from __future__ import annotations
 
