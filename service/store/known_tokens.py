@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, bindparam, exists, or_
 
 from service.store.models import ApiToken, Job
-from service.store.tokens import TOKEN_PREFIX, Principal, secret_hash
+from service.store.tokens import Principal, secret_hash, split_bearer
 from service.store.vocab import Role
 
 #: The bind parameters `TOKEN_LIVE` reads (`live_values` gives them).
@@ -72,29 +72,33 @@ class KnownTokens:
 
     def principal(self, bearer: str) -> Principal | None:
         """The principal of a remembered token whose secret `bearer` is; None for any other."""
-        parts = bearer.split("_", 2)
-        if len(parts) != 3 or parts[0] != TOKEN_PREFIX:
+        parts = split_bearer(bearer)
+        if parts is None:
             return None
-        known = self._known.get(parts[1])
-        if known is None or not hmac.compare_digest(known[0], secret_hash(parts[2])):
+        token_id, secret = parts
+        known = self._known.get(token_id)
+        if known is None or not hmac.compare_digest(known[0], secret_hash(secret)):
             return None
         return known[1]
 
     def remember(self, bearer: str, principal: Principal) -> None:
         """Remember `principal` as the one `bearer` stands for: `tokens.authenticate` found it so."""
-        secret = bearer.split("_", 2)[2]
+        parts = split_bearer(bearer)
+        if parts is None or parts[0] != principal.token_id:
+            raise ValueError("remember a bearer with the principal authenticate found for it")
         with self._lock:
             self._known.pop(principal.token_id, None)
             while len(self._known) >= self._size:
                 del self._known[next(iter(self._known))]
-            self._known[principal.token_id] = (secret_hash(secret), principal)
+            self._known[principal.token_id] = (secret_hash(parts[1]), principal)
 
     def forget(self, bearer: str) -> None:
         """Drop the token whose secret `bearer` is (it no longer authenticates), if remembered. Another
         secret with a remembered token's id drops nothing."""
-        if self.principal(bearer) is not None:
+        remembered = self.principal(bearer)
+        if remembered is not None:
             with self._lock:
-                self._known.pop(bearer.split("_", 2)[1], None)
+                self._known.pop(remembered.token_id, None)
 
     def __len__(self) -> int:
         return len(self._known)

@@ -47,6 +47,14 @@ class Principal:
         return f"{self.role.value}:{self.token_id}"
 
 
+def split_bearer(bearer: str) -> tuple[str, str] | None:
+    """(token id, secret) of a bearer `shc_<id>_<secret>`; None for anything else."""
+    parts = bearer.split("_", 2)
+    if len(parts) != 3 or parts[0] != TOKEN_PREFIX:
+        return None
+    return parts[1], parts[2]
+
+
 def secret_hash(secret: str) -> str:
     """What is stored of a token's secret (the part after its id): its SHA-256, in hex."""
     return hashlib.sha256(secret.encode()).hexdigest()
@@ -126,12 +134,13 @@ def authenticate(session: Session | Connection, bearer: str, *,
     however the job ended (dispatcher, API cancel) nothing has to write an expiry. One query: the
     token's columns with its team's name and its job's `finished_at`. `session` may be a Core
     connection (the request gate's: no ORM session for one read)."""
-    parts = bearer.split("_", 2)
-    if len(parts) != 3 or parts[0] != TOKEN_PREFIX:
+    parts = split_bearer(bearer)
+    if parts is None:
         return None
+    token_id, secret = parts
     conn = session.connection() if isinstance(session, Session) else session
-    found = conn.execute(_AUTHENTICATION, {"token_id": parts[1]}).first()
-    if found is None or not hmac.compare_digest(found.secret_hash, secret_hash(parts[2])):
+    found = conn.execute(_AUTHENTICATION, {"token_id": token_id}).first()
+    if found is None or not hmac.compare_digest(found.secret_hash, secret_hash(secret)):
         return None
     now = utcnow()
     if found.revoked_at is not None:
