@@ -152,25 +152,21 @@ def _submit_with_token(api: FastAPI, secret: str, spec: TrainingSpec, idempotenc
     the planner's does) declines as if the token had not been looked up (None: the gate checks it,
     then the route answers). Otherwise, or when the read proves nothing (`Unproven`: nothing stored),
     the token is looked up first on a connection of its own."""
-    state = api.state
-    known: KnownTokens = state.known_tokens
-    remembered = known.principal(secret)
-    if remembered is not None and idempotency_key is None and remembered.role != Role.JOB:
-        live = live_values(remembered, utcnow(), state.settings.job_token_grace_s)
+    remembered = _remembered(api, secret) if idempotency_key is None else None
+    if remembered is not None and remembered[0].role != Role.JOB:
+        known, live = remembered
         try:
-            return remembered, submission_answer(api, remembered, spec, None, live)
+            return known, submission_answer(api, known, spec, None, live)
         except Unproven:
             pass
         except Exception as exc:
             if not _handled(api, exc):
                 raise
             return None
-    with one_statement(state.engine) as conn:  # given back before the submission takes its own
-        principal = connection_principal(conn, secret, state.settings)
+    with one_statement(api.state.engine) as conn:  # given back before the submission takes its own
+        principal = _looked_up(api, conn, secret)
     if principal is None:
-        known.forget(secret)
         return None, None
-    known.remember(secret, principal)
     if principal.role == Role.JOB:
         return principal, None
     try:
@@ -293,37 +289,53 @@ def _with_token(api: FastAPI, secret: str, work: Work) -> ShortcutTaken:
     authenticated before (`KnownTokens`), `work` checks it in its own statement: one statement fewer
     than a lookup first. Otherwise, or when that statement proves nothing (`Unproven`, or a decline or
     an `ApiError` that may come before it), `_authenticated` on the same connection."""
-    known: KnownTokens = api.state.known_tokens
-    remembered = known.principal(secret)
+    remembered = _remembered(api, secret)
     with one_statement(api.state.engine) as conn:
         if remembered is not None:
-            live = live_values(remembered, utcnow(), api.state.settings.job_token_grace_s)
+            principal, live = remembered
             try:
-                answer = work(conn, remembered, live)
+                answer = work(conn, principal, live)
             except (Unproven, ApiError):
                 answer = None
             except NotFound:  # a row came back: the token works
-                return remembered, None
+                return principal, None
             if answer is not None:
-                return remembered, answer
+                return principal, answer
         return _authenticated(api, conn, secret, lambda conn, principal: work(conn, principal, None))
 
 
 def _authenticated(api: FastAPI, conn: Connection, secret: str,
                    work: Callable[[Connection, Principal], Response | None]) -> ShortcutTaken:
-    """The token check, then `work` with the principal on the same connection; the principal is
-    remembered in `KnownTokens` (a token that fails is forgotten). `work` declines with None, `NotFound`
-    (the route's 404) or `ApiError` (a 422), having stored nothing."""
-    known: KnownTokens = api.state.known_tokens
-    principal = connection_principal(conn, secret, api.state.settings)
+    """The token check (`_looked_up`), then `work` with the principal on the same connection. `work`
+    declines with None, `NotFound` (the route's 404) or `ApiError` (a 422), having stored nothing."""
+    principal = _looked_up(api, conn, secret)
     if principal is None:
-        known.forget(secret)
         return None, None
-    known.remember(secret, principal)
     try:
         return principal, work(conn, principal)
     except (NotFound, ApiError):
         return principal, None
+
+
+def _remembered(api: FastAPI, secret: str) -> tuple[Principal, dict[str, Any]] | None:
+    """The principal `KnownTokens` holds for `secret`, with the values of `TOKEN_LIVE` at this moment
+    for the statement that checks it; None for a token this process has not authenticated."""
+    principal = api.state.known_tokens.principal(secret)
+    if principal is None:
+        return None
+    return principal, live_values(principal, utcnow(), api.state.settings.job_token_grace_s)
+
+
+def _looked_up(api: FastAPI, conn: Connection, secret: str) -> Principal | None:
+    """The token looked up on `conn` (`authenticate`): remembered in `KnownTokens` when it works,
+    forgotten when it does not."""
+    known: KnownTokens = api.state.known_tokens
+    principal = connection_principal(conn, secret, api.state.settings)
+    if principal is None:
+        known.forget(secret)
+    else:
+        known.remember(secret, principal)
+    return principal
 
 
 #: A job id in a path as the shortcuts take it; `JobId` is the routes' own check.
