@@ -49,6 +49,7 @@ from typing import Any
 
 from side_by_side import add_against, postgres_server, trees
 
+LIST_QUERY = b"status=RUNNING&limit=20"
 CASES = ("healthz", "heartbeat", "get", "list", "page2", "submit")
 WARM_UP = 50
 HERE = Path(__file__).resolve().parent
@@ -126,7 +127,7 @@ def measure(url: str, seeded: dict[str, Any], requests: int) -> dict[str, float]
             "healthz": (lambda i: call("GET", "/healthz"), 200),
             "heartbeat": (lambda i: call("POST", f"/v1/jobs/{job(i)[0]}/measurements", job(i)[1], beat), 201),
             "get": (lambda i: call("GET", f"/v1/jobs/{job(i)[0]}", member), 200),
-            "list": (lambda i: call("GET", "/v1/jobs", member, query=b"status=RUNNING&limit=20"), 200),
+            "list": (lambda i: call("GET", "/v1/jobs", member, query=LIST_QUERY), 200),
             "page2": (lambda i: call("GET", "/v1/jobs", member, query=page2), 200),
             "submit": (lambda i: call("POST", "/v1/jobs", member,
                                       json.dumps({**spec, "name": f"submit-{pid}-{i}"}).encode()), 201),
