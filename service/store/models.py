@@ -89,7 +89,10 @@ def utcnow() -> datetime:
 
 
 def as_utc(at: datetime) -> datetime:
-    """`at` as an aware UTC datetime (a naive one is taken to be UTC already)."""
+    """`at` as an aware UTC datetime (a naive one is taken to be UTC already); `at` itself when its
+    zone is `UTC` (as PostgreSQL's are read, `make_engine`)."""
+    if at.tzinfo is UTC:
+        return at
     return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
 
 

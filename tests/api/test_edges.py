@@ -137,3 +137,27 @@ def test_a_405_names_every_method_of_the_path(env: Env, admin: dict[str, str]) -
             assert r.headers["allow"] == allowed, (method, path, r.headers["allow"])
             assert r.json()["error"]["code"] == "method_not_allowed"
     assert env.client.request("PATCH", "/v1/jobs", headers=admin).headers["allow"] == "GET, POST"
+
+
+def test_postgresql_sessions_read_times_in_utc_whatever_the_servers_zone(postgres_url: str) -> None:
+    """`make_engine` puts each PostgreSQL session in UTC, so psycopg reads every timestamptz with
+    `datetime.UTC` itself (which `as_utc` passes through), not a ZoneInfo of the server's zone. Here
+    the connection starts in Asia/Kolkata (a startup option, as a server's default zone would be)."""
+    from sqlalchemy import text
+    from sqlalchemy.engine import make_url
+
+    from service.store.db import make_engine
+
+    url = make_url(postgres_url).update_query_dict({"options": "-c TimeZone=Asia/Kolkata"})
+    engine = make_engine(url.render_as_string(hide_password=False))
+    try:
+        at = text("SELECT TIMESTAMPTZ '2026-03-01 12:00:00+05:30'")
+        for _ in range(2):  # the second time on the same pooled connection, after its rollback
+            with engine.connect() as conn:
+                read = conn.execute(at).scalar_one()
+                assert read.tzinfo is UTC and (read.hour, read.minute) == (6, 30)
+                assert conn.execute(text("SHOW TIME ZONE")).scalar_one() == "UTC"
+        with engine.connect() as a, engine.connect() as b:  # and on a second connection of the pool
+            assert a.execute(at).scalar_one().tzinfo is UTC and b.execute(at).scalar_one().tzinfo is UTC
+    finally:
+        engine.dispose()
