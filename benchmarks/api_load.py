@@ -26,7 +26,8 @@ It always exits 0 once it has measured: it is a measurement, not a test.
         [--jobs 100000] [--submissions 1000] [--reads 2000] [--concurrency 16] [--workers 1]
 
 (one command line; about 6 minutes with these sizes). Run it on an otherwise idle machine: it prints
-the background CPU load it saw before and after, and flags figures taken on a busy one.
+the background CPU load and the machine's speed (`side_by_side.machine_speed`) it saw before and after, and flags
+figures taken on a busy machine.
 
 `--against DIR` compares this tree with another checkout of shardctl in the same run (made with
 `git worktree add DIR REV`; both must have the same migration head, since they share the database):
@@ -66,7 +67,7 @@ import psycopg
 from http_clients import CLIENTS, Client
 from http_clients import run as run_loop
 from scratch_db import scratch_database
-from side_by_side import add_against, trees
+from side_by_side import add_against, machine_speed, trees
 from sqlalchemy import JSON, column, create_engine, insert, select, table, text
 from sqlalchemy.engine import make_url
 
@@ -539,13 +540,15 @@ def raw_sql(url: str, n_jobs: int, reads: int, seed_: int) -> tuple[Phase, Phase
 
 
 def print_report(seeded: Seeded, phases: dict[str, Phase], raw: tuple[Phase, Phase], workers: int,
-                 busy: tuple[float, float], client_kind: str) -> None:
+                 busy: tuple[float, float], speed: tuple[float, float], client_kind: str) -> None:
     sub = phases["submit"]
     print(f"\nshardctl API load — {seeded.jobs} jobs seeded in {seeded.seconds:.1f} s "
           f"(database {seeded.db_bytes / 2**20:.0f} MiB), API server: uvicorn, {workers} worker(s), "
           f"{os.cpu_count()} CPU(s), load generator: this process ({client_kind} client)")
     print(f"background load (CPUs busy with other work, 1 s idle sample): {busy[0]:.2f} before, "
-          f"{busy[1]:.2f} after" + ("  <- the figures are pessimistic" if max(busy) > 0.25 else "") + "\n")
+          f"{busy[1]:.2f} after" + ("  <- the figures are pessimistic" if max(busy) > 0.25 else ""))
+    print(f"machine speed (side_by_side.machine_speed, ms of CPU for a fixed piece of Python, lower is faster):"
+          f" {speed[0]:.1f} before, {speed[1]:.1f} after\n")
     rows: list[tuple[str, float, float | None, bool]] = []  # label, figure, goal, higher is better
     rows.append((f"POST /v1/jobs submissions/s (c={sub.concurrency})", sub.rate, GOAL_SUBMISSIONS_PER_S, True))
     rows.append((f"POST /v1/jobs p50 ms (c={sub.concurrency})", sub.pct_ms(50), None, False))
@@ -640,7 +643,7 @@ def main() -> None:
     run_id = secrets.token_hex(3)
     started = time.perf_counter()
 
-    busy_before = background_load()
+    busy_before, speed_before = background_load(), machine_speed()
     with (tempfile.TemporaryDirectory(prefix="shardctl-bench-") as tmp,
           scratch_database(args.postgres_url, "api") as url):
         print(f"seeding {args.jobs} jobs into {make_url(url).database} ...", flush=True)
@@ -688,8 +691,9 @@ def main() -> None:
             if sessions is not None:
                 sessions.close()
         raw = raw_sql(url, args.jobs, args.reads, args.seed)
-        busy_after = background_load()
-        print_report(seeded, results[0], raw, args.server_workers, (busy_before, busy_after), args.client)
+        busy_after, speed_after = background_load(), machine_speed()
+        print_report(seeded, results[0], raw, args.server_workers, (busy_before, busy_after),
+                     (speed_before, speed_after), args.client)
         if args.against is not None:
             print_side_by_side(results[0], results[1], args.against, turns)
     print(f"\ntotal {time.perf_counter() - started:.0f} s; database dropped")

@@ -24,7 +24,7 @@ database, the two taking turns round by round (the order flipped every other rou
 and their ratios: one run, one machine state.
 
 It exits 0 whether or not the goal is met: it is a measurement, not a test. Run it on a quiet machine:
-it prints the load average before and after.
+it prints the load average and the machine's speed (`side_by_side.machine_speed`) before and after.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from typing import Any
 import httpx
 from api_load import Server, api_server
 from scratch_db import scratch_database
-from side_by_side import add_against, postgres_server, trees
+from side_by_side import add_against, machine_speed, postgres_server, trees
 from sqlalchemy import JSON, column, insert, table, text
 
 from service.planner import plan
@@ -154,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     base = postgres_server(args.postgres_url)
     load = os.getloadavg()
     print(f"== heartbeats: {args.jobs:,} running jobs, one heartbeat each per round, PostgreSQL, the API in its"
-          f" own process; load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs")
+          f" own process; load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs;"
+          f" machine speed {machine_speed():.1f} ms"
+          " (side_by_side.machine_speed: lower is faster)")
     with scratch_database(base, "heartbeats") as url, tempfile.TemporaryDirectory(prefix="shardctl-bench-") as tmp, \
             ExitStack() as stack:
         tokens = seed(url, args.jobs)
@@ -176,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
             mine, theirs = measured
             print(f"-- this tree / {args.against}: heartbeat {mine.beat / theirs.beat:.2f},"
                   f" heartbeat - healthz {mine.own / theirs.own:.2f}, healthz {mine.health / theirs.health:.2f}")
-        print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())};"
+              f" machine speed {machine_speed():.1f} ms")
     return 0
 
 

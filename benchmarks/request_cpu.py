@@ -47,7 +47,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
-from side_by_side import add_against, postgres_server, trees
+from side_by_side import add_against, machine_speed, postgres_server, trees
 
 LIST_QUERY = b"status=RUNNING&limit=20"
 CASES = ("healthz", "heartbeat", "get", "list", "page2", "submit")
@@ -185,7 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()
     print(f"== CPU per request through the ASGI app in process: {args.jobs:,} running jobs, {args.requests:,}"
           f" requests a case a turn, {args.turns} turns; load average before: {load[0]:.2f} {load[1]:.2f}"
-          f" {load[2]:.2f} on {os.cpu_count()} CPUs")
+          f" {load[2]:.2f} on {os.cpu_count()} CPUs;"
+          f" machine speed {machine_speed():.1f} ms"
+          " (side_by_side.machine_speed: lower is faster)")
     with scratch_database(base, "request_cpu") as url, tempfile.TemporaryDirectory() as tmp:
         seeded_file = Path(tmp) / "seeded.json"
         seeded_file.write_text(json.dumps(seed_database(url, args.jobs)))
@@ -210,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label}: beyond /healthz: heartbeat {m['heartbeat'] - m['healthz']:.3f} ms,"
               f" get {m['get'] - m['healthz']:.3f} ms, list {m['list'] - m['healthz']:.3f} ms,"
               f" submit {m['submit'] - m['healthz']:.3f} ms")
-    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())};"
+          f" machine speed {machine_speed():.1f} ms")
     return 0
 
 

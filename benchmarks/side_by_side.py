@@ -1,6 +1,6 @@
 """What the benchmarks that compare two checkouts share (`api_load.py`, `heartbeats.py`,
-`request_cpu.py`): the `--against DIR` option, its check, the trees it gives, and the PostgreSQL
-server they make their scratch database on.
+`request_cpu.py`): the `--against DIR` option, its check, the trees it gives, the PostgreSQL
+server they make their scratch database on, and a reference of the machine's speed.
 
 Benchmarks run as scripts (`.venv/bin/python benchmarks/NAME.py`), so they import this module by its
 bare name: `from side_by_side import add_against, trees`.
@@ -9,7 +9,9 @@ bare name: `from side_by_side import add_against, trees`.
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,3 +41,23 @@ def postgres_server(url: str | None) -> str:
         return url
     return subprocess.run(["bash", str(ROOT / "deploy" / "postgres.sh")], capture_output=True, text=True,
                           check=True).stdout.strip()
+
+
+# A fixed piece of pure-Python work of the kind a request does (dicts, strings, JSON): the same
+# instructions every run, so its time says how fast this machine runs Python at the moment.
+_REFERENCE_DOC = {"items": [{"id": i, "name": f"job-{i}", "status": "RUNNING", "priority": i % 7,
+                             "layout": "dp=8 tp=1 pp=1 zero=1", "predicted_step_s": i / 3} for i in range(50)]}
+
+
+def machine_speed(repeats: int = 5) -> float:
+    """Milliseconds of CPU time the reference work takes here now, the fastest of `repeats` tries
+    (lower is faster). On a shared machine the same code's figures move with the machine: runs from
+    different hours compare by their figures divided by this, not by their figures alone."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.process_time()
+        for _ in range(200):
+            doc = json.loads(json.dumps(_REFERENCE_DOC))
+            sorted((item["name"], item["priority"]) for item in doc["items"])
+        best = min(best, time.process_time() - start)
+    return best * 1000
