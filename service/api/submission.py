@@ -17,7 +17,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -32,6 +31,7 @@ from service.scheduling.model import TeamQuota
 from service.settings import Settings
 from service.spec import TrainingSpec
 from service.store.jobs import NewJob, body_hash, find_idempotent, idempotency_scope, visible_job
+from service.store.known_tokens import LiveValues
 from service.store.pools import SourcedPool, effective_pools, in_effect, managed, matching
 from service.store.submissions import QueuedJob, SubmittingTeam, insert_jobs, submitting_team
 from service.store.tokens import NotFound, Principal, no_such_team
@@ -273,7 +273,7 @@ def fitting_plan(spec: TrainingSpec, planner: PlanRunner) -> Plan:
     return result
 
 
-def resolve_team(session: Session, name: str, live: dict[str, Any] | None = None) -> SubmittingTeam:
+def resolve_team(session: Session, name: str, live: LiveValues | None = None) -> SubmittingTeam:
     """The team `name` and what a submission checks of it. Only the default team appears by itself;
     other teams are created on purpose (POST /v1/teams): `NotFound` naming the fix. With `live`, the
     read checks the submitter's token too (`submitting_team`: `Unproven`)."""
@@ -285,7 +285,7 @@ def resolve_team(session: Session, name: str, live: dict[str, Any] | None = None
 
 def submit_job(db: sessionmaker[Session], principal: Principal, spec: TrainingSpec,
                idempotency_key: str | None, configured: Collection[str] | None, planner: PlanRunner,
-               *, local_gpus: str | None = None, live: dict[str, Any] | None = None) -> Submitted:
+               *, local_gpus: str | None = None, live: LiveValues | None = None) -> Submitted:
     """Plan and queue `spec`; the answer carries the response body. Everything the job needs is
     checked and written in one transaction (priority limit, pools, team, job, event, idempotency key),
     committed before this returns; planning comes first, outside it (cached, on `planner`'s threads).

@@ -44,7 +44,7 @@ from service.store.job_sort import (
     cursor_values,
     segments,
 )
-from service.store.known_tokens import TOKEN_LIVE, Unproven
+from service.store.known_tokens import TOKEN_LIVE, LiveValues, Unproven
 from service.store.models import Attempt, Event, IdempotencyKey, Job, Measurement, Team, as_utc
 from service.store.queue_view import invalidate as invalidate_queue_view
 from service.store.states import TERMINAL, add_event, transition
@@ -209,7 +209,7 @@ class JobDetail:
     measured: Sequence[Any]
 
 
-def job_detail(conn: Connection, principal: Principal, job_id: int, live: dict[str, Any] | None = None
+def job_detail(conn: Connection, principal: Principal, job_id: int, live: LiveValues | None = None
                ) -> JobDetail:
     """The job with its attempts and newest measurements if `principal` may see it (`can_see`), else
     `NotFound`. Core reads with no ORM objects, run in `one_statement` (autocommit on PostgreSQL). On
@@ -312,7 +312,7 @@ _SUMMARY_COLUMNS = _summary_columns()
 
 def list_job_rows(conn: Connection, principal: Principal, filters: JobFilter, *, limit: int = 50,
                   cursor: JobCursor | None = None, sort: JobSort = DEFAULT_SORT,
-                  live: dict[str, Any] | None = None) -> tuple[list[Any], JobCursor | None]:
+                  live: LiveValues | None = None) -> tuple[list[Any], JobCursor | None]:
     """`list_jobs`' page as Core rows of the list's columns (`team_name` among them), without an ORM
     session or an object per job: what `GET /v1/jobs` answers with. Most sorts are one statement; run
     it in `one_statement`. A sort read in several statements (`finished`, `team` across teams: see
@@ -325,7 +325,7 @@ def list_job_rows(conn: Connection, principal: Principal, filters: JobFilter, *,
 
 
 def _page(source: Session | Connection, base: Select[*Row], principal: Principal, filters: JobFilter, limit: int,
-          cursor: JobCursor | None, sort: JobSort, live: dict[str, Any] | None = None
+          cursor: JobCursor | None, sort: JobSort, live: LiveValues | None = None
           ) -> tuple[list[Any], JobCursor | None]:
     """`list_jobs` over `base` (`_JOBS` or `_SUMMARY_COLUMNS`): ORM objects on a Session, else rows with
     `team_name` on a Connection. The statements come from `_page_statements`, built once per shape of
@@ -491,7 +491,7 @@ _TEAM_HEARTBEAT, _TEAM_HEARTBEAT_CHECKED = _heartbeat_insert(team=True), _heartb
 
 
 def add_heartbeat(conn: Connection, principal: Principal, job_id: int, data: dict[str, Any], *, at: datetime,
-                  live: dict[str, Any] | None = None) -> None:
+                  live: LiveValues | None = None) -> None:
     """Store a heartbeat of job `job_id` with `data` at `at`. The same rule as
     `visible_job`: a job the principal may not see, or that does not exist, is `NotFound` and nothing is
     stored. One statement and no job loaded (a heartbeat comes from every running job every few

@@ -27,6 +27,11 @@ from service.store.vocab import Role
 #: The bind parameters `TOKEN_LIVE` reads (`live_values` gives them).
 LIVE_TOKEN, LIVE_NOW, LIVE_ENDED_BY = "live_token", "live_now", "live_ended_by"
 
+#: The values of `TOKEN_LIVE`'s bind parameters by name (`live_values`), merged into the parameters of
+#: the statement that carries it. Where a store function takes one (`live=`), its principal came from
+#: `KnownTokens` and its statement checks the token; None: the token was authenticated already.
+LiveValues = dict[str, Any]
+
 
 class Unproven(Exception):
     """A statement carrying `TOKEN_LIVE` returned no rows, so it says nothing of the token: authenticate
@@ -53,7 +58,7 @@ def _token_live() -> ColumnElement[bool]:
 TOKEN_LIVE = _token_live()
 
 
-def live_values(principal: Principal, now: datetime, job_token_grace_s: float) -> dict[str, Any]:
+def live_values(principal: Principal, now: datetime, job_token_grace_s: float) -> LiveValues:
     """The values of `TOKEN_LIVE`'s bind parameters for `principal`'s token at `now`."""
     return {LIVE_TOKEN: principal.token_id, LIVE_NOW: now,
             LIVE_ENDED_BY: now - timedelta(seconds=job_token_grace_s)}

@@ -21,7 +21,7 @@ from service.backend_options import BackendKind
 from service.planner.result import Plan
 from service.spec import TrainingSpec
 from service.store.jobs import NewJob
-from service.store.known_tokens import TOKEN_LIVE, Unproven
+from service.store.known_tokens import TOKEN_LIVE, LiveValues, Unproven
 from service.store.models import Event, IdempotencyKey, Job, PoolRow, Team, TeamQuotaRow, utcnow
 from service.store.pools import SourcedPool
 from service.store.tokens import ensure_team
@@ -69,7 +69,7 @@ class SubmittingTeam:
 
 
 def submitting_team(session: Session, name: str, *, create: bool = False,
-                    live: dict[str, Any] | None = None) -> SubmittingTeam | None:
+                    live: LiveValues | None = None) -> SubmittingTeam | None:
     """The team `name` with its quota's `max_priority`, whether a webhook gets its events and the
     stored pools, in one read; None when there is no such team, unless `create`: then it is created
     first (`ensure_team`, safe against a racing request). Within the transaction, `enqueue` reads no

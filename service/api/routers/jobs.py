@@ -55,7 +55,7 @@ from service.store.jobs import (
     list_job_rows,
     visible_job,
 )
-from service.store.known_tokens import KnownTokens, Unproven, live_values
+from service.store.known_tokens import KnownTokens, LiveValues, Unproven, live_values
 from service.store.models import utcnow
 from service.store.tokens import DEFAULT_JOB_TOKEN_GRACE_S, NotFound, Principal
 from service.store.vocab import JobStatus, MeasurementKind, Role
@@ -113,7 +113,7 @@ def create_job(spec: TrainingSpec, principal: Person, request: Request,
 
 
 def submission_answer(api: FastAPI, principal: Principal, spec: TrainingSpec, idempotency_key: str | None,
-                      live: dict[str, Any] | None = None) -> Response:
+                      live: LiveValues | None = None) -> Response:
     """Plan and queue `spec` on the app's sessions and planner (`submit_job`, whose refusals pass
     through, for the app's exception handlers, and which reads `live`), count a created job in the
     submissions metric, and answer with the job: 201 created, or 200 for an `Idempotency-Key` replay.
@@ -219,7 +219,7 @@ class ListQuery:
     after: JobCursor | None
 
 
-def page_answer(conn: Connection, principal: Principal, query: ListQuery, live: dict[str, Any] | None = None
+def page_answer(conn: Connection, principal: Principal, query: ListQuery, live: LiveValues | None = None
                 ) -> Response:
     """The page of jobs `query` asks for, of those `principal` may see (`list_job_rows`, which reads
     `live`), encoded directly: a `JobPage`, which FastAPI would otherwise validate again."""
@@ -278,7 +278,7 @@ async def jobs_shortcut(api: FastAPI, request: ShortcutRequest) -> ShortcutTaken
                                           lambda conn, principal, live: page_answer(conn, principal, query, live))
 
 
-Work = Callable[[Connection, Principal, dict[str, Any] | None], Response | None]
+Work = Callable[[Connection, Principal, LiveValues | None], Response | None]
 """A shortcut's work on one connection: its answer for the principal, or None to decline. With the
 values of `TOKEN_LIVE` (not None), its statement checks the token too: `Unproven` when it returns no
 row, and `NotFound` only once a row has come back."""
@@ -317,7 +317,7 @@ def _authenticated(api: FastAPI, conn: Connection, secret: str,
         return principal, None
 
 
-def _remembered(api: FastAPI, secret: str) -> tuple[Principal, dict[str, Any]] | None:
+def _remembered(api: FastAPI, secret: str) -> tuple[Principal, LiveValues] | None:
     """The principal `KnownTokens` holds for `secret`, with the values of `TOKEN_LIVE` at this moment
     for the statement that checks it; None for a token this process has not authenticated."""
     principal = api.state.known_tokens.principal(secret)
@@ -358,7 +358,7 @@ def get_job(job_id: JobId, principal: Caller, request: Request) -> Response:
         return job_answer(conn, principal, job_id)
 
 
-def job_answer(conn: Connection, principal: Principal, job_id: int, live: dict[str, Any] | None = None
+def job_answer(conn: Connection, principal: Principal, job_id: int, live: LiveValues | None = None
                ) -> Response:
     """Job `job_id` as `principal` may see it (`NotFound` otherwise): Core reads outside a transaction
     (`job_detail`, which reads `live`), rendered by pydantic's serializer. The answer is a `JobOut`
@@ -541,7 +541,7 @@ def get_events(job_id: JobId, principal: Caller, db: Db, request: Request,
 
 
 def heartbeat_answer(conn: Connection, principal: Principal, job_id: int, data: dict[str, Any],
-                     live: dict[str, Any] | None = None) -> JSONResponse:
+                     live: LiveValues | None = None) -> JSONResponse:
     """Store a heartbeat of job `job_id` on `conn` (`add_heartbeat`: `NotFound` for a job `principal`
     may not see; it reads `live`) and return the 201 answer. The answer is rendered before the insert,
     which commits by itself (`one_statement`): an answer that cannot be sent (`ApiError`) stores
@@ -571,7 +571,7 @@ async def heartbeat_shortcut(api: FastAPI, request: ShortcutRequest) -> Shortcut
     if measured.kind != MeasurementKind.HEARTBEAT:
         return None
 
-    def store(conn: Connection, principal: Principal, live: dict[str, Any] | None) -> Response | None:
+    def store(conn: Connection, principal: Principal, live: LiveValues | None) -> Response | None:
         if principal.role == Role.MEMBER:  # the route's 403
             return None
         return heartbeat_answer(conn, principal, job_id, measured.data, live)
