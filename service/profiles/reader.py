@@ -30,7 +30,7 @@ import msgspec
 
 from service.profiles.errors import TraceError
 
-CHUNK_CHARS = 1 << 15
+CHUNK_CHARS = 1 << 16
 BATCH_CHARS = 1 << 14
 GZIP_INPUT_BYTES = 1 << 14
 CUT_TOKEN_CHARS = 12  # the longest JSON token a chunk's end can cut short: \ud83d\ude80
