@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+import random
 import tracemalloc
 import zlib
 from pathlib import Path
@@ -143,3 +144,26 @@ def test_invalid_json_at_the_end_of_a_chunk_is_still_refused(tmp_path: Path) -> 
     path.write_text(text)
     with pytest.raises(TraceError, match="invalid JSON in traceEvents"):
         _read(path)
+
+
+def test_random_members_and_cuts_read_as_gzip_reads_them_or_are_refused(tmp_path: Path) -> None:
+    """Seeded: documents of random size and characters, split into members at random bytes, each at a
+    random level with random zero padding after it, read as `gzip.decompress` gives them; the same
+    file cut at a random byte is refused unless all that was cut is zero padding."""
+    rng = random.Random(17)
+    path = tmp_path / "random.json.gz"
+    for case in range(40):
+        doc = _document(rng.randint(0, 1_500))
+        doc["x"] = "ü" * rng.randint(0, 70_000)
+        text = json.dumps(doc, ensure_ascii=rng.random() < 0.5).encode()
+        cuts = sorted(rng.sample(range(len(text) + 1), rng.randint(0, 4)))
+        parts = [text[a:b] for a, b in itertools.pairwise([0, *cuts, len(text)])]
+        blob = b"".join(gzip.compress(part, rng.choice([0, 1, 6, 9])) + b"\0" * rng.choice([0, 0, 1, 20_000])
+                        for part in parts)
+        path.write_bytes(blob)
+        assert _read(path) == _as_gzip_reads_it(path), case
+        cut = rng.randint(1, len(blob) - 1)
+        path.write_bytes(blob[:cut])
+        if blob[cut:].strip(b"\0"):
+            with pytest.raises(TraceError):
+                _read(path)
