@@ -42,12 +42,15 @@ class _GzipText:
     """The UTF-8 text of a gzip file (one member or several, zero padding between them skipped, as
     ``gzip`` reads them), inflated as it is read, with its input and output both bounded.
 
-    ``gzip.open`` reads the compressed file 128 KiB at a time and copies each unconsumed rest of that
-    block again, about a quarter of a MB of buffers: on a rank of a few thousand events that was half
-    the reading's peak. Here the compressed input comes ``GZIP_INPUT_BYTES`` at a time and each read
-    inflates at most what the caller asked for. Raises ``EOFError`` where the file ends inside a
-    member, ``zlib.error`` for corrupt data (a wrong checksum or length included) or a non-gzip rest,
-    and ``UnicodeDecodeError`` for text that is not UTF-8 (a sequence cut at the end included)."""
+    ``gzip.open(..., "rt")`` asks its buffered reader for each chunk as one bytes object (128 KB for
+    a chunk of 64 Ki characters) while zlib's output blocks are still alive (about 100 KB), then decodes
+    it: on a rank of a few thousand events that was half the reading's peak (478 against 276 KB).
+    Here the compressed input comes ``GZIP_INPUT_BYTES`` at a time and the text is inflated and
+    decoded piece by piece. zlib checks the header as well as the trailer: a header CRC that does not
+    match, or a reserved flag set, which ``gzip`` ignores, is refused here. Raises ``EOFError`` where
+    the file ends inside a member, ``zlib.error`` for corrupt data (a wrong checksum or length
+    included) or a non-gzip rest, and ``UnicodeDecodeError`` for text that is not UTF-8 (a sequence
+    cut at the end included)."""
 
     def __init__(self, raw: IO[bytes]) -> None:
         self.raw = raw
@@ -56,9 +59,10 @@ class _GzipText:
         self.ended = False
 
     def read(self, chars: int) -> str:
-        """Up to `chars` characters; '' only at the end of the file."""
+        """Up to `chars` characters, as many as the next piece of input inflates to (a read may come
+        short, unlike a text file's); '' only at the end of the file."""
         while not self.ended:
-            data = self._inflated(chars)
+            data = self._inflated(chars)  # a byte is at most a character: never more than asked for
             text = self.utf8.decode(data, final=not data)
             if text:
                 return text
@@ -121,20 +125,31 @@ class _Scanner:
         self.eof = False
         self.decoder = json.JSONDecoder()
 
-    def _fill(self, chars: int = CHUNK_CHARS) -> bool:
-        """Read up to `chars` more characters into the buffer (dropping what was consumed); False at
+    def _fill(self, chars: int = CHUNK_CHARS, *, whole: bool = False) -> bool:
+        """Read up to `chars` more characters into the buffer (dropping what was consumed); with
+        `whole`, all `chars` unless the file ends first (a gzip file's reads come short). False at
         the end of the file."""
         if self.eof:
             return False
-        try:
-            chunk = self.fh.read(chars)
-        except (EOFError, zlib.error) as exc:
-            raise TraceError(self.path, f"truncated or corrupt gzip stream ({exc})") from exc
-        except UnicodeDecodeError as exc:
-            raise TraceError(self.path, f"not UTF-8 text, so not a JSON trace ({exc.reason})") from exc
-        if not chunk:
-            self.eof = True
+        pieces: list[str] = []
+        wanted = chars
+        while wanted > 0:
+            try:
+                piece = self.fh.read(wanted)
+            except (EOFError, zlib.error) as exc:
+                raise TraceError(self.path, f"truncated or corrupt gzip stream ({exc})") from exc
+            except UnicodeDecodeError as exc:
+                raise TraceError(self.path, f"not UTF-8 text, so not a JSON trace ({exc.reason})") from exc
+            if not piece:
+                self.eof = True
+                break
+            pieces.append(piece)
+            wanted -= len(piece)
+            if not whole:
+                break
+        if not pieces:
             return False
+        chunk = "".join(pieces)
         if self.pos:
             self.buf = self.buf[self.pos :]
             self.base += self.pos
@@ -194,12 +209,16 @@ class _Scanner:
 
     def _need_more(self) -> bool:
         """Read on for a value that does not end in the buffer. As much again as the value holds so
-        far (at least a chunk, at most up to the limit): each decode attempt rescans the value from
-        its start, so growing it a chunk at a time would cost time quadratic in its size."""
+        far (at least a chunk, at most up to the limit), whole once the value is a chunk or more: each
+        decode attempt rescans the value from its start, so growing it by a chunk or by a gzip file's
+        short read at a time would cost time quadratic in its size (a gzip trace's 20 Mi-character
+        value took 828 attempts and 7.7 s that way). A smaller value reads what comes, which keeps the
+        buffers of a common element cut by the buffer's end at one piece."""
         pending = len(self.buf) - self.pos
         if pending > self.max_value_chars:
             self._too_large()
-        return self._fill(max(CHUNK_CHARS, min(pending, self.max_value_chars + 1 - pending)))
+        return self._fill(max(CHUNK_CHARS, min(pending, self.max_value_chars + 1 - pending)),
+                          whole=pending >= CHUNK_CHARS)
 
 
 @dataclass(frozen=True)
