@@ -18,6 +18,7 @@ take (NaN, a non-object), sends the elements up to that cut through the generic 
 from __future__ import annotations
 
 import codecs
+import io
 import json
 import re
 import zlib
@@ -108,8 +109,7 @@ def _open_text(path: Path) -> IO[str] | _GzipText:
         raise
     if gzipped:
         return _GzipText(raw)
-    raw.close()
-    return path.open("r", encoding="utf-8")
+    return io.TextIOWrapper(raw, encoding="utf-8")  # what path.open("r") gives, without opening it again
 
 
 class _Scanner:
