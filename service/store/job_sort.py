@@ -146,9 +146,10 @@ def sort_column(field: SortField) -> InstrumentedAttribute[Any] | None:
 
 
 def cursor_after(sort: JobSort, job: Job | Any, team: str) -> JobCursor:
-    """The cursor of the page that ends with `job` (an ORM `Job` or a row of its columns) of `team`."""
+    """The cursor of the page that ends with `job` (an ORM `Job` or a row of its columns, whose status
+    may be the stored string) of `team`."""
     values: dict[SortField, CursorValue] = {
-        SortField.SUBMITTED: None, SortField.STATUS: job.status.value, SortField.TEAM: team,
+        SortField.SUBMITTED: None, SortField.STATUS: str(job.status), SortField.TEAM: team,
         SortField.GPUS: job.gpus, SortField.NAME: job.name, SortField.FINISHED: job.finished_at}
     return JobCursor(sort, values[sort.field], job.id)
 
