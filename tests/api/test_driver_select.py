@@ -174,10 +174,23 @@ def test_a_value_of_the_wrong_kind_or_a_missing_one_is_refused_before_the_databa
             read.rows(conn, {"status": ["NOPE"], "visible_team": 1, "visible_job": None, "limit": 5})
         with pytest.raises(StatementError, match="visible_team"):  # never another request's value
             read.rows(conn, {"status": [JobStatus.RUNNING], "limit": 5})
-        rows = read.rows(conn, {"status": [JobStatus.RUNNING, "QUEUED"], "visible_team": None,
-                                "visible_job": None, "limit": 50})
-        assert rows == []  # no team is NULL
         assert list_job_rows(conn, admin, JobFilter(status=[JobStatus.RUNNING]))[0]
+
+
+def test_each_number_of_statuses_reads_its_own_rows_from_one_statement(pg_env: Env, seeded: list[int]) -> None:
+    """One compiled statement, its `IN` list rendered for each read's values: going back and forth
+    between one, three, two and one status, each read has its own values' rows."""
+    [statement] = _page_statements(store_jobs._SUMMARY_COLUMNS, Role.MEMBER, frozenset({"status"}),
+                                   JobSort.parse("-submitted"), After.START)
+    with one_statement(pg_env.app.state.engine) as conn:
+        team_id = conn.execute(text("SELECT id FROM teams WHERE name = 'nlp'")).scalar_one()
+        read = DriverSelect.for_dialect(statement, conn.dialect)
+        for statuses in ([JobStatus.RUNNING], [JobStatus.QUEUED, JobStatus.FAILED, "SUCCEEDED"],
+                         [JobStatus.FAILED, JobStatus.RUNNING], [JobStatus.QUEUED]):
+            values = {"status": statuses, "visible_team": team_id, "visible_job": None, "limit": 50}
+            rows = read.rows(conn, values)
+            assert rows and {r.status for r in rows} <= set(statuses), statuses
+            assert rows == conn.execute(statement, values).all(), statuses
 
 
 def test_a_driver_error_comes_as_sqlalchemys_and_leaves_the_connection_usable(
