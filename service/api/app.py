@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import anyio
 import anyio.to_thread
 from fastapi import FastAPI, params
 from fastapi.dependencies.models import Dependant
@@ -444,6 +445,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.state.planner = PlanRunner.from_settings(settings)
     app.state.engine = engine
     app.state.known_tokens = KnownTokens()
+    app.state.shortcut_limiter = anyio.CapacityLimiter(settings.shortcut_threads)
     app.state.sessions = make_sessionmaker(engine)
     app.state.planner.calibration = CalibrationSource(app.state.sessions, min_runs=settings.calibration_min_runs)
     app.state.metrics = make_metrics(app.state.sessions, team_labels=settings.metrics_team_labels)

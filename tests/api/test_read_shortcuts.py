@@ -5,10 +5,21 @@ PostgreSQL: one token lookup on one connection, and the same answers either way.
 from __future__ import annotations
 
 import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 
-from service.api.app import SHORTCUTS
+from service.api.app import SHORTCUTS, create_app
+from service.api.routers import jobs as jobs_router
+from service.settings import Settings
+from service.store.db import make_engine
+from service.store.tokens import create_token
+from service.store.vocab import Role
 from tests.connection_counts import counted
 from tests.db_fixtures import Env
 from tests.log_capture import captured_logs
@@ -134,3 +145,42 @@ def test_a_list_query_the_shortcut_does_not_read_is_the_routes_to_answer(env: En
     assert _page(env, admin, "limit=01") == _page(env, admin, "limit=1")
     r = env.client.get("/v1/jobs", headers={"Authorization": "Bearer shc_0123456789abcdef_not-a-real-secret"})
     assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer"
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_the_shortcuts_work_on_at_most_shortcut_threads_requests_at_once(
+        db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: int) -> None:
+    """`Settings.shortcut_threads` bounds the shortcuts at work in a process; the others wait their
+    turn. Twelve concurrent lists: `threads` of them meet inside the shortcut (a barrier of that many
+    would break otherwise), and never more (each stays a while, so that more would have overlapped)."""
+    settings = Settings(database_url=db_url, data_dir=tmp_path, shortcut_threads=threads)
+    engine = make_engine(db_url)
+    app = create_app(settings, engine=engine)
+    lock, together = threading.Lock(), threading.Barrier(threads, timeout=20)
+    running, most = 0, 0
+    original = jobs_router._with_token
+
+    def counted_work(*args: Any) -> Any:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        try:
+            together.wait()
+            time.sleep(0.05)
+            return original(*args)
+        finally:
+            with lock:
+                running -= 1
+
+    monkeypatch.setattr(jobs_router, "_with_token", counted_work)
+    try:
+        with TestClient(app) as client:
+            with app.state.sessions.begin() as session:
+                headers = {"Authorization": f"Bearer {create_token(session, role=Role.ADMIN)[1]}"}
+            with ThreadPoolExecutor(12) as pool:
+                answers = list(pool.map(lambda _: client.get("/v1/jobs", headers=headers), range(12)))
+    finally:
+        engine.dispose()
+    assert [a.status_code for a in answers] == [200] * 12
+    assert most == threads
