@@ -317,8 +317,8 @@ def list_job_rows(conn: Connection, principal: Principal, filters: JobFilter, *,
     """`list_jobs`' page as rows of the list's columns (`team_name` among them), without an ORM
     session or an object per job: what `GET /v1/jobs` answers with. On PostgreSQL most pages are read
     through the driver's cursor (`DriverSelect`): their `status` and `backend` are then the stored
-    strings (which equal the enums), not the enums. Most sorts are one statement; run
-    it in `one_statement`. A sort read in several statements (`finished`, `team` across teams: see
+    strings (which equal the enums), not the enums. Most sorts are one statement; run it in
+    `one_statement`. A sort read in several statements (`finished`, `team` across teams: see
     `segments`) sees what had committed when each started, as a READ COMMITTED transaction would.
 
     `live` (`known_tokens.live_values`): `principal` comes from `KnownTokens`, and the page's statement

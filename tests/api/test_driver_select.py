@@ -39,7 +39,7 @@ START = datetime(2026, 12, 1, 9, 30, 0, 250000, tzinfo=UTC)
 @pytest.fixture
 def seeded(pg_env: Env) -> list[int]:
     """Eighteen jobs spread over teams, names, statuses, backends, GPU counts, submission and finish
-    times (with ties), and one job token per job."""
+    times (with ties) and predicted step times (some none)."""
     admin = pg_env.headers(pg_env.token("admin"))
     ids = []
     for _ in range(18):
