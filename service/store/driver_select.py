@@ -9,13 +9,17 @@ page validation and encoding included (timeit on PostgreSQL 15, psycopg 3.3, SQL
 `DriverSelect` keeps what SQLAlchemy contributes that the result depends on: the statement is compiled
 by the engine's dialect once, expanding parameters (`IN` lists) are rendered by SQLAlchemy's own
 `construct_expanded_state`, and every bound value goes through its type's bind processor (an enum's
-stored string, a `TypeDecorator`'s own processing). A driver error is raised as SQLAlchemy would raise
-it (`DBAPIError.instance`), and one that means the connection is gone invalidates it, so the pool
-opens another. What it does not do is process the *results*: each row is a named tuple of the values
-as psycopg reads them, so an enum column gives its stored string (an `Enum` column's value: a
-`StrEnum` equals it) and a time its session's zone (UTC on `make_engine`'s engines). It would not fire
-the connection's cursor events, so a connection with listeners for them is not read through it
-(`driver_reads`).
+stored string, a `TypeDecorator`'s own processing). A statement whose parameters SQLAlchemy would
+rename or render into the SQL (escaped names, literal-execute values) is not taken (`for_dialect`
+gives None). A driver error goes through the connection's own handling of one, so it is raised as
+`execute` raises it (`DBAPIError`, after the `handle_error` events), and a lost connection invalidates
+the pool's older connections as well as its own.
+
+What it does not do is process the *results*: each row is a named tuple of the values as psycopg
+reads them, so an enum column gives its stored string (an `Enum` column's value: a `StrEnum` equals
+it) and a time comes in the session's zone, which `driver_reads` requires to be UTC (as
+`make_engine`'s sessions are) so that it is what `UtcDateTime` would have made of it. It would not
+fire the cursor events either, so a connection with listeners for them is not read through it.
 """
 
 from __future__ import annotations
@@ -23,22 +27,27 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC
 from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, Select
 from sqlalchemy.engine import Dialect
-from sqlalchemy.exc import DBAPIError, StatementError
+from sqlalchemy.exc import StatementError
 from sqlalchemy.sql.compiler import SQLCompiler
 
 
 def driver_reads(conn: Connection) -> bool:
     """Whether `DriverSelect` should read on `conn`: PostgreSQL through psycopg (3), whose cursors
-    take `%(name)s` parameters from a dict, with nothing listening for the cursor's execution on the
-    connection or its engine (instrumentation, a statement log): those see every statement through
-    `Connection.execute` instead."""
+    take `%(name)s` parameters from a dict, in a session whose time zone is UTC (psycopg then reads
+    times with `datetime.UTC`, as `UtcDateTime` gives them), with nothing listening for the cursor's
+    execution on the connection or its engine (instrumentation, a statement log): those see every
+    statement through `Connection.execute` instead."""
     dialect = conn.dialect
-    return dialect.name == "postgresql" and dialect.driver == "psycopg" \
-        and not conn.dispatch.before_cursor_execute and not conn.dispatch.after_cursor_execute
+    if dialect.name != "postgresql" or dialect.driver != "psycopg" \
+            or conn.dispatch.before_cursor_execute or conn.dispatch.after_cursor_execute:
+        return False
+    dbapi_connection = conn.connection.dbapi_connection
+    return dbapi_connection is not None and dbapi_connection.info.timezone is UTC
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,11 +60,15 @@ class DriverSelect:
 
     @staticmethod
     @functools.lru_cache(maxsize=1024)
-    def for_dialect(statement: Select[Any], dialect: Dialect) -> DriverSelect:
+    def for_dialect(statement: Select[Any], dialect: Dialect) -> DriverSelect | None:
         """`statement` compiled once for `dialect`, remembered by the statement's identity: give it
-        statements built once (as `jobs._page_statements` builds them), not one per request."""
+        statements built once (as `jobs._page_statements` builds them), not one per request. None for a
+        statement with a parameter SQLAlchemy would rename in the SQL (a name with characters the
+        driver's format does not take) or render into it (`literal_execute`): run it with `execute`."""
         compiled = statement.compile(dialect=dialect)
         assert isinstance(compiled, SQLCompiler)
+        if compiled.escaped_bind_names or compiled.literal_execute_params:
+            return None
         processors = {}
         for name, bind in compiled.binds.items():
             process = bind.type.dialect_impl(dialect).bind_processor(dialect)
@@ -70,7 +83,7 @@ class DriverSelect:
         tuples of the selected columns' names, read on `conn`'s DBAPI connection in its transaction
         state (`one_statement`'s autocommit, say). Raises `StatementError` for a value missing or one
         its type refuses, before anything reaches the database, and `DBAPIError` for the driver's
-        errors (`connection_invalidated` when the connection is gone, which invalidates it)."""
+        errors, as `execute` does (`connection_invalidated` when the connection is gone)."""
         try:
             state = self.compiled.construct_expanded_state(dict(values))
             processors = {**self.processors, **state.processors} if state.processors else self.processors
@@ -80,16 +93,15 @@ class DriverSelect:
             raise StatementError(str(exc), self.compiled.string, dict(values), exc) from exc
         dbapi_connection = conn.connection.dbapi_connection
         assert dbapi_connection is not None
-        dialect = conn.dialect
         cursor = dbapi_connection.cursor()
         try:
             cursor.execute(state.statement, params)
             return list(map(self.row, cursor.fetchall()))
-        except dialect.loaded_dbapi.Error as exc:
-            gone = dialect.is_disconnect(exc, dbapi_connection, cursor)
-            if gone:
-                conn.invalidate(exc)
-            raise DBAPIError.instance(state.statement, params, exc, dialect.loaded_dbapi.Error,
-                                      connection_invalidated=gone, dialect=dialect) from exc
+        except conn.dialect.loaded_dbapi.Error as exc:
+            # What `execute` does with a driver's error (SQLAlchemy's own, not public): the
+            # `handle_error` events, the `DBAPIError` raised, and on a lost connection this connection
+            # and the pool's older ones invalidated (after a database restart one request fails, not
+            # one per pooled connection). test_driver_select pins the parts this relies on.
+            conn._handle_dbapi_exception(exc, state.statement, params, cursor, None)
         finally:
             cursor.close()

@@ -358,8 +358,8 @@ def _page(source: Session | Connection, base: Select[*Row], principal: Principal
         params = {**values, "limit": limit + 1 - len(rows)}
         if isinstance(source, Session):
             rows += source.scalars(page, params)
-        elif driver:
-            rows += DriverSelect.for_dialect(page, source.dialect).rows(source, params)
+        elif driver and (read := DriverSelect.for_dialect(page, source.dialect)) is not None:
+            rows += read.rows(source, params)
         else:
             rows += source.execute(page, params).all()
     if not rows and live is not None:

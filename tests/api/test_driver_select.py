@@ -11,13 +11,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, event, text
+from sqlalchemy import Connection, bindparam, create_engine, event, select, text
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, StatementError
 
 from service.api.views import encoded, job_page
 from service.backend_options import BackendKind
 from service.store import jobs as store_jobs
-from service.store.db import one_statement
+from service.store.db import make_engine, one_statement
 from service.store.driver_select import DriverSelect, driver_reads
 from service.store.job_sort import SORT_TEXTS, After, JobCursor, JobSort
 from service.store.jobs import JobFilter, _page_statements, list_job_rows
@@ -156,7 +157,10 @@ def test_the_token_check_binds_its_values_through_their_types(
                     rows, _ = list_job_rows(conn, principal, JobFilter(), live=live_values(principal, now, grace_s))
                 return [r.id for r in rows]
 
+            compiled = DriverSelect.for_dialect.cache_info()
             assert page(running, utcnow()) == [running]
+            read = DriverSelect.for_dialect.cache_info()
+            assert (read.hits + read.misses > compiled.hits + compiled.misses) == driver
             within_grace = finished_at + timedelta(seconds=grace_s / 2)
             assert page(finished, within_grace.astimezone(UTC).replace(tzinfo=None)) == [finished]  # naive: UTC
             with pytest.raises(Unproven):
@@ -170,6 +174,7 @@ def test_a_value_of_the_wrong_kind_or_a_missing_one_is_refused_before_the_databa
                                    JobSort.parse("-submitted"), After.START)
     with one_statement(pg_env.app.state.engine) as conn:
         read = DriverSelect.for_dialect(statement, conn.dialect)
+        assert read is not None
         with pytest.raises(StatementError, match="NOPE"):  # the Enum type's own check, as execute makes it
             read.rows(conn, {"status": ["NOPE"], "visible_team": 1, "visible_job": None, "limit": 5})
         with pytest.raises(StatementError, match="visible_team"):  # never another request's value
@@ -185,6 +190,7 @@ def test_each_number_of_statuses_reads_its_own_rows_from_one_statement(pg_env: E
     with one_statement(pg_env.app.state.engine) as conn:
         team_id = conn.execute(text("SELECT id FROM teams WHERE name = 'nlp'")).scalar_one()
         read = DriverSelect.for_dialect(statement, conn.dialect)
+        assert read is not None
         for statuses in ([JobStatus.RUNNING], [JobStatus.QUEUED, JobStatus.FAILED, "SUCCEEDED"],
                          [JobStatus.FAILED, JobStatus.RUNNING], [JobStatus.QUEUED]):
             values = {"status": statuses, "visible_team": team_id, "visible_job": None, "limit": 50}
@@ -199,27 +205,65 @@ def test_a_driver_error_comes_as_sqlalchemys_and_leaves_the_connection_usable(
                                    JobSort.parse("-submitted"), After.START)
     with one_statement(pg_env.app.state.engine) as conn:
         read = DriverSelect.for_dialect(statement, conn.dialect)
+        assert read is not None
         with pytest.raises(DBAPIError, match="LIMIT must not be negative") as refused:
             read.rows(conn, {"limit": -1})
         assert not refused.value.connection_invalidated and not conn.invalidated
         assert len(read.rows(conn, {"limit": 3})) == 3
 
 
-def test_a_lost_connection_is_invalidated_and_the_next_read_gets_another(pg_env: Env, seeded: list[int]) -> None:
-    engine = pg_env.app.state.engine
+def test_a_lost_connection_invalidates_the_pools_older_ones_too(pg_env: Env, seeded: list[int]) -> None:
+    """As through `execute`: after the database lost every connection (a restart), the first read
+    fails with `connection_invalidated`, and the next one gets a new connection, not the pool's other
+    dead one."""
+    engine = make_engine(pg_env.url)  # a pool of its own, with two connections in it
     [statement] = _page_statements(store_jobs._SUMMARY_COLUMNS, Role.ADMIN, frozenset(),
                                    JobSort.parse("-submitted"), After.START)
-    with one_statement(engine) as conn:
-        pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
-        with engine.connect() as other:
-            other.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+    try:
+        first, second = engine.connect(), engine.connect()
+        pids = {c.execute(text("SELECT pg_backend_pid()")).scalar_one() for c in (first, second)}
+        first.close()
+        second.close()
+        with pg_env.app.state.engine.connect() as other:
+            for pid in pids:
+                other.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
             other.commit()
-        with pytest.raises(DBAPIError) as lost:
-            DriverSelect.for_dialect(statement, conn.dialect).rows(conn, {"limit": 3})
-        assert lost.value.connection_invalidated and conn.invalidated
-    with one_statement(engine) as conn:
-        assert conn.execute(text("SELECT pg_backend_pid()")).scalar_one() != pid
-        assert len(DriverSelect.for_dialect(statement, conn.dialect).rows(conn, {"limit": 3})) == 3
+        with one_statement(engine) as conn:
+            read = DriverSelect.for_dialect(statement, conn.dialect)
+            assert read is not None and driver_reads(conn)
+            with pytest.raises(DBAPIError) as lost:
+                read.rows(conn, {"limit": 3})
+            assert lost.value.connection_invalidated and conn.invalidated
+        with one_statement(engine) as conn:
+            assert len(read.rows(conn, {"limit": 3})) == 3
+            assert conn.execute(text("SELECT pg_backend_pid()")).scalar_one() not in pids
+    finally:
+        engine.dispose()
+
+
+def test_a_session_in_another_time_zone_is_read_through_execute(pg_env: Env, seeded: list[int]) -> None:
+    """psycopg reads times in the session's zone, which `UtcDateTime`'s result processing would
+    convert: the driver reads only where that zone is UTC (`make_engine`'s), so a page's times are
+    UTC on any engine."""
+    url = make_url(pg_env.url).update_query_dict({"options": "-c TimeZone=Asia/Kolkata"})
+    engine = create_engine(url)  # not make_engine: its sessions stay in Asia/Kolkata
+    try:
+        with one_statement(engine) as conn:
+            assert not driver_reads(conn)
+            rows, _ = list_job_rows(conn, Principal(token_id="admin", role=Role.ADMIN), JobFilter(), limit=5)
+        assert rows and all(r.created_at.tzinfo is UTC for r in rows)
+        assert b'"created_at":"2026-12-01T09:3' in encoded(job_page(rows, None))
+    finally:
+        engine.dispose()
+
+
+def test_a_statement_whose_parameters_sqlalchemy_would_rewrite_is_left_to_execute(pg_env: Env) -> None:
+    """A parameter name the driver's format does not take, or a value rendered into the SQL
+    (`literal_execute`): `for_dialect` gives None, and `_page` runs such a statement with `execute`."""
+    dialect = pg_env.app.state.engine.dialect
+    assert DriverSelect.for_dialect(select(Job.id).where(Job.name == bindparam("job name")), dialect) is None
+    assert DriverSelect.for_dialect(select(Job.id).limit(bindparam("n", literal_execute=True)), dialect) is None
+    assert DriverSelect.for_dialect(select(Job.id).where(Job.name == bindparam("job_name")), dialect) is not None
 
 
 def test_listeners_for_the_cursor_see_every_statement_through_execute(pg_env: Env, seeded: list[int]) -> None:
