@@ -13,7 +13,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import anyio
 import anyio.to_thread
 from fastapi import FastAPI, params
 from fastapi.dependencies.models import Dependant
@@ -55,7 +54,7 @@ from service.api.routers import events, health, job_batches, jobs, logs, plans, 
 from service.api.routers import pools as pool_routes
 from service.api.routers import scheduling as scheduling_routes
 from service.api.schemas import ErrorField
-from service.api.shortcuts import Shortcut, ShortcutRequest
+from service.api.shortcuts import Shortcut, ShortcutRequest, ShortcutThreads
 from service.api.submission import PlanRunner
 from service.api.ui import mount_ui
 from service.api.ui.docs_assets import mount_docs
@@ -445,7 +444,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.state.planner = PlanRunner.from_settings(settings)
     app.state.engine = engine
     app.state.known_tokens = KnownTokens()
-    app.state.shortcut_limiter = anyio.CapacityLimiter(settings.shortcut_threads)
+    app.state.shortcut_threads = ShortcutThreads(settings.shortcut_threads)
     app.state.sessions = make_sessionmaker(engine)
     app.state.planner.calibration = CalibrationSource(app.state.sessions, min_runs=settings.calibration_min_runs)
     app.state.metrics = make_metrics(app.state.sessions, team_labels=settings.metrics_team_labels)

@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, TypeVarTuple
 
+import anyio.to_thread
+from anyio import CapacityLimiter
 from fastapi import FastAPI
 from starlette.responses import Response
 
@@ -31,6 +35,43 @@ ShortcutTaken = tuple[Principal | None, Response | None]
 """What a shortcut did: (None, None) the token is unknown, revoked or expired (the gate answers 401);
 (principal, answer) it answered; (principal, None) it declined after finding the principal."""
 
+T = TypeVar("T")
+Args = TypeVarTuple("Args")
+
 Shortcut = Callable[[FastAPI, ShortcutRequest], Awaitable[ShortcutTaken | None]]
 """Returns None to decline before looking the token up. It must store and answer exactly what its
 route would, and answer nothing the route would refuse."""
+
+
+class ShortcutThreads:
+    """How many shortcuts work at once on each event loop serving the app: at most `threads` reads
+    and heartbeats (`reads`) and as many submissions (`submissions`); the others wait their turn in
+    the order they came (anyio's `CapacityLimiter`). `Settings.shortcut_threads`; why, see `run`.
+
+    Submissions have their own: one may wait seconds for a planning thread (`PlanRunner`), and reads
+    and heartbeats must not queue behind it. One pair per event loop: an API process serves on one,
+    but a test may serve one app from two, and a limiter is not safe to share between loops."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[CapacityLimiter, CapacityLimiter]] \
+            = weakref.WeakKeyDictionary()
+
+    def _limiters(self) -> tuple[CapacityLimiter, CapacityLimiter]:
+        loop = asyncio.get_running_loop()
+        limiters = self._by_loop.get(loop)
+        if limiters is None:
+            limiters = self._by_loop.setdefault(loop, (CapacityLimiter(self.threads), CapacityLimiter(self.threads)))
+        return limiters
+
+    async def run(self, work: Callable[[*Args], T], *args: *Args) -> T:
+        """`work(*args)` on a handler thread once one of the reads' and heartbeats' places is free.
+        With a thread each (anyio's default limit is 40), 16 clients' requests took turns on each
+        process's GIL: with three at once, the 2-core machine served 7 to 25 % more requests a second,
+        and the loaded p99 of reads fell by a quarter to a half and of submissions by half
+        (`benchmarks/api_load.py`, docs/benchmarks.md)."""
+        return await anyio.to_thread.run_sync(work, *args, limiter=self._limiters()[0])
+
+    async def run_submission(self, work: Callable[[*Args], T], *args: *Args) -> T:
+        """`work(*args)` on a handler thread once one of the submissions' places is free."""
+        return await anyio.to_thread.run_sync(work, *args, limiter=self._limiters()[1])

@@ -184,3 +184,38 @@ def test_the_shortcuts_work_on_at_most_shortcut_threads_requests_at_once(
         engine.dispose()
     assert [a.status_code for a in answers] == [200] * 12
     assert most == threads
+
+
+def test_a_submission_waiting_in_its_shortcut_does_not_hold_up_reads(
+        db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Submissions take their turns apart from reads (a submission may wait seconds for a planning
+    thread): with one place each, a submission held inside its shortcut leaves a list and a job's
+    read to answer, and is answered once it goes on."""
+    settings = Settings(database_url=db_url, data_dir=tmp_path, shortcut_threads=1)
+    engine = make_engine(db_url)
+    app = create_app(settings, engine=engine)
+    inside, go_on = threading.Event(), threading.Event()
+    original = jobs_router._submit_with_token
+
+    def held(*args: Any) -> Any:
+        inside.set()
+        assert go_on.wait(20)
+        return original(*args)
+
+    try:
+        with TestClient(app) as client:
+            with app.state.sessions.begin() as session:
+                headers = {"Authorization": f"Bearer {create_token(session, role=Role.ADMIN)[1]}"}
+            job = _job(Env(app=app, client=client, url=db_url), headers)
+            monkeypatch.setattr(jobs_router, "_submit_with_token", held)
+            with ThreadPoolExecutor(1) as pool:
+                submitted = pool.submit(client.post, "/v1/jobs", json=tiny(), headers=headers)
+                assert inside.wait(20)
+                assert client.get("/v1/jobs", headers=headers).status_code == 200
+                assert client.get(f"/v1/jobs/{job}", headers=headers).status_code == 200
+                assert not submitted.done()
+                go_on.set()
+                assert submitted.result(timeout=20).status_code == 201
+    finally:
+        go_on.set()
+        engine.dispose()

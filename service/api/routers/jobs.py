@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar, TypeVarTuple
+from typing import Annotated, Any
 
 import anyio
 import anyio.to_thread
@@ -33,7 +33,7 @@ from service.api.deps import (
 )
 from service.api.errors import INVALID_SPEC, ApiError
 from service.api.schemas import ErrorField, ErrorResponse, EventOut, JobOut, JobPage, MeasurementIn, MeasurementOut
-from service.api.shortcuts import ShortcutRequest, ShortcutTaken
+from service.api.shortcuts import ShortcutRequest, ShortcutTaken, ShortcutThreads
 from service.api.sse import KEEP_ALIVE, sse_message
 from service.api.stream_auth import StreamAuth, as_stream_auth, for_stream
 from service.api.submission import MAX_KEY, submit_job
@@ -75,8 +75,6 @@ EVENT_STREAM = "text/event-stream"
 #: An event id as the stream sends it: digits, and small enough for a BIGINT comparison.
 EVENT_ID = re.compile(r"[0-9]{1,18}")
 HEARTBEAT_S = 15.0
-T = TypeVar("T")
-Args = TypeVarTuple("Args")
 
 
 def rendered(model: BaseModel, status_code: int = 200) -> JSONResponse:
@@ -143,7 +141,7 @@ async def create_job_shortcut(api: FastAPI, request: ShortcutRequest) -> Shortcu
     except ValidationError:  # the route's 422, formatted by its handler
         return None
     idempotency_key = request.headers.get("idempotency-key")
-    return await _on_shortcut_thread(api, _submit_with_token, api, request.secret, spec, idempotency_key)
+    return await _threads(api).run_submission(_submit_with_token, api, request.secret, spec, idempotency_key)
 
 
 def _submit_with_token(api: FastAPI, secret: str, spec: TrainingSpec, idempotency_key: str | None
@@ -179,13 +177,10 @@ def _submit_with_token(api: FastAPI, secret: str, spec: TrainingSpec, idempotenc
         return principal, None
 
 
-async def _on_shortcut_thread(api: FastAPI, work: Callable[[*Args], T], *args: *Args) -> T:
-    """`work(*args)` on a handler thread, as one of at most `Settings.shortcut_threads` shortcuts at
-    work in this process (`app.state.shortcut_limiter`); the others wait their turn in the order they
-    came. With a thread each (40, anyio's default), 16 clients' requests took turns on the GIL: on the
-    2-core machine three at once served 10 to 25 % more requests a second and halved the loaded p99
-    of reads and submissions (`benchmarks/api_load.py`, docs/benchmarks.md)."""
-    return await anyio.to_thread.run_sync(work, *args, limiter=api.state.shortcut_limiter)
+def _threads(api: FastAPI) -> ShortcutThreads:
+    """Where the shortcuts take their turn to work (`ShortcutThreads`, `Settings.shortcut_threads`)."""
+    threads: ShortcutThreads = api.state.shortcut_threads
+    return threads
 
 
 def _handled(api: FastAPI, exc: Exception) -> bool:
@@ -285,8 +280,8 @@ async def jobs_shortcut(api: FastAPI, request: ShortcutRequest) -> ShortcutTaken
     query = plain_list_query(request.query)
     if query is None:
         return None
-    return await _on_shortcut_thread(api, _with_token, api, request.secret,
-                                     lambda conn, principal, live: page_answer(conn, principal, query, live))
+    return await _threads(api).run(_with_token, api, request.secret,
+                                   lambda conn, principal, live: page_answer(conn, principal, query, live))
 
 
 Work = Callable[[Connection, Principal, LiveValues | None], Response | None]
@@ -385,8 +380,8 @@ async def job_shortcut(api: FastAPI, request: ShortcutRequest) -> ShortcutTaken 
     job_id = _shortcut_job_id(request.path_params)
     if job_id is None:
         return None
-    return await _on_shortcut_thread(api, _with_token, api, request.secret,
-                                     lambda conn, principal, live: job_answer(conn, principal, job_id, live))
+    return await _threads(api).run(_with_token, api, request.secret,
+                                   lambda conn, principal, live: job_answer(conn, principal, job_id, live))
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, responses=ERRORS)
@@ -587,7 +582,7 @@ async def heartbeat_shortcut(api: FastAPI, request: ShortcutRequest) -> Shortcut
             return None
         return heartbeat_answer(conn, principal, job_id, measured.data, live)
 
-    return await _on_shortcut_thread(api, _with_token, api, request.secret, store)
+    return await _threads(api).run(_with_token, api, request.secret, store)
 
 
 @router.post("/{job_id}/measurements", response_model=MeasurementOut, status_code=201, responses=ERRORS,
