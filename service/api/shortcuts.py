@@ -45,7 +45,7 @@ route would, and answer nothing the route would refuse."""
 
 class ShortcutThreads:
     """How many shortcuts work at once on each event loop serving the app: at most `threads` reads
-    and heartbeats (`reads`) and as many submissions (`submissions`); the others wait their turn in
+    and heartbeats (`run`) and as many submissions (`run_submission`); the others wait their turn in
     the order they came (anyio's `CapacityLimiter`). `Settings.shortcut_threads`; why, see `run`.
 
     Submissions have their own: one may wait seconds for a planning thread (`PlanRunner`), and reads
@@ -67,9 +67,9 @@ class ShortcutThreads:
     async def run(self, work: Callable[[*Args], T], *args: *Args) -> T:
         """`work(*args)` on a handler thread once one of the reads' and heartbeats' places is free.
         With a thread each (anyio's default limit is 40), 16 clients' requests took turns on each
-        process's GIL: with three at once, the 2-core machine served 7 to 25 % more requests a second,
-        and the loaded p99 of reads fell by a quarter to a half and of submissions by half
-        (`benchmarks/api_load.py`, docs/benchmarks.md)."""
+        process's GIL: with three at once, the 2-core machine served 7 to 25 % more requests a second
+        and the loaded p99 of reads fell by a quarter to a half (`benchmarks/api_load.py`,
+        docs/benchmarks.md)."""
         return await anyio.to_thread.run_sync(work, *args, limiter=self._limiters()[0])
 
     async def run_submission(self, work: Callable[[*Args], T], *args: *Args) -> T:
