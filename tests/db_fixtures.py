@@ -11,8 +11,10 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import uvicorn
@@ -103,13 +105,20 @@ class Env:
         return {"Authorization": f"Bearer {token}"}
 
 
-def _env(url: str, tmp_path: Path) -> Iterator[Env]:
-    settings = Settings(database_url=url, data_dir=tmp_path, events_poll_s=0.05)
+def _env(url: str, tmp_path: Path, **settings: Any) -> Iterator[Env]:
     engine = make_engine(url)
-    app = create_app(settings, engine=engine)
-    with TestClient(app) as client:
-        yield Env(app=app, client=client, url=url)
-    engine.dispose()
+    app = create_app(Settings(database_url=url, data_dir=tmp_path, events_poll_s=0.05, **settings), engine=engine)
+    try:
+        with TestClient(app) as client:
+            yield Env(app=app, client=client, url=url)
+    finally:
+        engine.dispose()
+
+
+@contextmanager
+def app_env(url: str, tmp_path: Path, **settings: Any) -> Iterator[Env]:
+    """The API on `url` as the `env` fixture makes it, with `settings` (Settings' fields) changed."""
+    yield from _env(url, tmp_path, **settings)
 
 
 @pytest.fixture

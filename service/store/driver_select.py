@@ -11,9 +11,10 @@ by the engine's dialect once, expanding parameters (`IN` lists) are rendered by 
 `construct_expanded_state`, and every bound value goes through its type's bind processor (an enum's
 stored string, a `TypeDecorator`'s own processing). A statement whose parameters SQLAlchemy would
 rename or render into the SQL (escaped names, literal-execute values) is not taken (`for_dialect`
-gives None). A driver error goes through the connection's own handling of one, so it is raised as
-`execute` raises it (`DBAPIError`, after the `handle_error` events), and a lost connection invalidates
-the pool's older connections as well as its own.
+gives None). An error, a refused value's or the driver's, goes through the connection's own handling
+of one, so it is raised as `execute` raises it (`StatementError`, or `DBAPIError` after the
+`handle_error` events), and a lost connection invalidates the pool's older connections as well as its
+own.
 
 What it does not do is process the *results*: each row is a named tuple of the values as psycopg
 reads them, so an enum column gives its stored string (an `Enum` column's value: a `StrEnum` equals
@@ -32,7 +33,6 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, Select
 from sqlalchemy.engine import Dialect
-from sqlalchemy.exc import StatementError
 from sqlalchemy.sql.compiler import SQLCompiler
 
 
@@ -84,24 +84,25 @@ class DriverSelect:
         state (`one_statement`'s autocommit, say). Raises `StatementError` for a value missing or one
         its type refuses, before anything reaches the database, and `DBAPIError` for the driver's
         errors, as `execute` does (`connection_invalidated` when the connection is gone)."""
+        statement, params, cursor = self.compiled.string, dict(values), None
         try:
-            state = self.compiled.construct_expanded_state(dict(values))
+            state = self.compiled.construct_expanded_state(params)
             processors = {**self.processors, **state.processors} if state.processors else self.processors
+            statement = state.statement
             params = {name: process(value) if (process := processors.get(name)) is not None else value
                       for name, value in state.parameters.items()}
-        except Exception as exc:  # a value missing or of the wrong kind: refused as `Connection.execute` refuses it
-            raise StatementError(str(exc), self.compiled.string, dict(values), exc) from exc
-        dbapi_connection = conn.connection.dbapi_connection
-        assert dbapi_connection is not None
-        cursor = dbapi_connection.cursor()
-        try:
-            cursor.execute(state.statement, params)
+            dbapi_connection = conn.connection.dbapi_connection
+            assert dbapi_connection is not None
+            cursor = dbapi_connection.cursor()
+            cursor.execute(statement, params)
             return list(map(self.row, cursor.fetchall()))
-        except conn.dialect.loaded_dbapi.Error as exc:
-            # What `execute` does with a driver's error (SQLAlchemy's own, not public): the
-            # `handle_error` events, the `DBAPIError` raised, and on a lost connection this connection
-            # and the pool's older ones invalidated (after a database restart one request fails, not
-            # one per pooled connection). test_driver_select pins the parts this relies on.
-            conn._handle_dbapi_exception(exc, state.statement, params, cursor, None)
+        except Exception as exc:
+            # What `execute` does with an error (SQLAlchemy's own, not public): a value missing or
+            # refused by its type becomes a `StatementError`; a driver's error runs the `handle_error`
+            # events and becomes a `DBAPIError`, and a lost connection invalidates this connection and
+            # the pool's older ones (after a database restart one request fails, not one per pooled
+            # connection). test_driver_select pins the parts this relies on.
+            conn._handle_dbapi_exception(exc, statement, params, cursor, None)
         finally:
-            cursor.close()
+            if cursor is not None:
+                cursor.close()

@@ -12,16 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 
-from service.api.app import SHORTCUTS, create_app
+from service.api.app import SHORTCUTS
 from service.api.routers import jobs as jobs_router
-from service.settings import Settings
-from service.store.db import make_engine
-from service.store.tokens import create_token
-from service.store.vocab import Role
 from tests.connection_counts import counted
-from tests.db_fixtures import Env
+from tests.db_fixtures import Env, app_env
 from tests.log_capture import captured_logs
 from tests.specs import tiny
 
@@ -153,9 +148,6 @@ def test_the_shortcuts_work_on_at_most_shortcut_threads_requests_at_once(
     """`Settings.shortcut_threads` bounds the shortcuts at work in a process; the others wait their
     turn. Twelve concurrent lists: `threads` of them meet inside the shortcut (a barrier of that many
     would break otherwise), and never more (each stays a while, so that more would have overlapped)."""
-    settings = Settings(database_url=db_url, data_dir=tmp_path, shortcut_threads=threads)
-    engine = make_engine(db_url)
-    app = create_app(settings, engine=engine)
     lock, together = threading.Lock(), threading.Barrier(threads, timeout=20)
     running, most = 0, 0
     original = jobs_router._with_token
@@ -174,14 +166,9 @@ def test_the_shortcuts_work_on_at_most_shortcut_threads_requests_at_once(
                 running -= 1
 
     monkeypatch.setattr(jobs_router, "_with_token", counted_work)
-    try:
-        with TestClient(app) as client:
-            with app.state.sessions.begin() as session:
-                headers = {"Authorization": f"Bearer {create_token(session, role=Role.ADMIN)[1]}"}
-            with ThreadPoolExecutor(12) as pool:
-                answers = list(pool.map(lambda _: client.get("/v1/jobs", headers=headers), range(12)))
-    finally:
-        engine.dispose()
+    with app_env(db_url, tmp_path, shortcut_threads=threads) as env, ThreadPoolExecutor(12) as pool:
+        headers = env.headers(env.token("admin"))
+        answers = list(pool.map(lambda _: env.client.get("/v1/jobs", headers=headers), range(12)))
     assert [a.status_code for a in answers] == [200] * 12
     assert most == threads
 
@@ -191,9 +178,6 @@ def test_a_submission_waiting_in_its_shortcut_does_not_hold_up_reads(
     """Submissions take their turns apart from reads (a submission may wait seconds for a planning
     thread): with one place each, a submission held inside its shortcut leaves a list and a job's
     read to answer, and is answered once it goes on."""
-    settings = Settings(database_url=db_url, data_dir=tmp_path, shortcut_threads=1)
-    engine = make_engine(db_url)
-    app = create_app(settings, engine=engine)
     inside, go_on = threading.Event(), threading.Event()
     original = jobs_router._submit_with_token
 
@@ -202,20 +186,16 @@ def test_a_submission_waiting_in_its_shortcut_does_not_hold_up_reads(
         assert go_on.wait(20)
         return original(*args)
 
-    try:
-        with TestClient(app) as client:
-            with app.state.sessions.begin() as session:
-                headers = {"Authorization": f"Bearer {create_token(session, role=Role.ADMIN)[1]}"}
-            job = _job(Env(app=app, client=client, url=db_url), headers)
-            monkeypatch.setattr(jobs_router, "_submit_with_token", held)
-            with ThreadPoolExecutor(1) as pool:
-                submitted = pool.submit(client.post, "/v1/jobs", json=tiny(), headers=headers)
-                assert inside.wait(20)
-                assert client.get("/v1/jobs", headers=headers).status_code == 200
-                assert client.get(f"/v1/jobs/{job}", headers=headers).status_code == 200
-                assert not submitted.done()
-                go_on.set()
-                assert submitted.result(timeout=20).status_code == 201
-    finally:
-        go_on.set()
-        engine.dispose()
+    with app_env(db_url, tmp_path, shortcut_threads=1) as env, ThreadPoolExecutor(1) as pool:
+        headers = env.headers(env.token("admin"))
+        job = _job(env, headers)
+        monkeypatch.setattr(jobs_router, "_submit_with_token", held)
+        try:
+            submitted = pool.submit(env.client.post, "/v1/jobs", json=tiny(), headers=headers)
+            assert inside.wait(20)
+            assert env.client.get("/v1/jobs", headers=headers).status_code == 200
+            assert env.client.get(f"/v1/jobs/{job}", headers=headers).status_code == 200
+            assert not submitted.done()
+        finally:
+            go_on.set()
+        assert submitted.result(timeout=20).status_code == 201
