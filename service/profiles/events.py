@@ -1,6 +1,6 @@
 """Compact, columnar in-memory form of one rank's trace.
 
-Only complete events (``ph == "X"`` with ``dur`` and ``cat``) are kept, in typed arrays (about 50 bytes
+Only complete events (``ph == "X"`` with ``dur`` and ``cat``) are kept, in typed columns (36 bytes
 per event instead of a Python dict each); ``python_function`` events are skipped (they only make traces
 huge, as HTA's streaming backend also does). ``args`` are reduced to the ids the analysis needs
 (stream, correlation) plus, for collectives and memory copies only, the size fields.
@@ -9,7 +9,6 @@ huge, as HTA's streaming backend also does). ``args`` are reduced to the ids the
 from __future__ import annotations
 
 import re
-from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from service.profiles.errors import TraceError
+from service.profiles.mapped_columns import GrowingColumn, empty_column, mapped_copy
 from service.profiles.reader import DEFAULT_MAX_VALUE_CHARS, EventBatches, read_trace
 
 DEFAULT_MAX_EVENTS = 4_000_000
@@ -104,26 +104,27 @@ def _as_int(value: Any, default: int = -1) -> int:
 _INT32 = np.iinfo(np.int32)
 
 
-def narrowed(values: array[int]) -> array[int]:
+def narrowed(values: memoryview[int]) -> memoryview[int]:
     """``values`` as a 32-bit column when every value fits, else ``values`` itself. Stream and
     correlation ids are built 64-bit while a file is read, since their range is not known until the
     end; they almost always fit in 32. Not in 8 or 16: numpy's loops for those widths are more of its
     code read in on first use, which cost small traces more memory than the narrower columns saved."""
     ints = column(values)
-    if values.typecode == "i" or not len(ints) or not _INT32.min <= ints.min() <= ints.max() <= _INT32.max:
+    if values.format == "i" or not len(ints) or not _INT32.min <= ints.min() <= ints.max() <= _INT32.max:
         return values
-    return array("i", ints.astype(np.int32).tobytes())
+    return mapped_copy(ints, "i")
 
 
-def column(values: array[Any]) -> npt.NDArray[Any]:
+def column(values: memoryview[Any]) -> npt.NDArray[Any]:
     """A read-only numpy view of one column, in the column's own type (integer columns are narrowed
     per trace, so callers must not assume a width)."""
-    return np.frombuffer(values, dtype=values.typecode)
+    return np.frombuffer(values, dtype=values.format)
 
 
 @dataclass
 class RankTrace:
-    """One rank's events in columns; index ``i`` addresses the same event in every column. ``stream``
+    """One rank's events in columns; index ``i`` addresses the same event in every column. Columns are
+    read-only views of ``array`` typecodes, each in memory of its own (``mapped_columns``). ``stream``
     and ``correlation`` are narrowed to 32 bits once the file is read where their values fit
     (``narrowed``): read columns through ``column`` or by index, never assuming a width."""
 
@@ -132,13 +133,13 @@ class RankTrace:
     names: list[str] = field(default_factory=list)
     cats: list[str] = field(default_factory=list)
     threads: list[tuple[str, str]] = field(default_factory=list)
-    name_idx: array[int] = field(default_factory=lambda: array("i"))
-    cat_idx: array[int] = field(default_factory=lambda: array("i"))
-    thread_idx: array[int] = field(default_factory=lambda: array("i"))
-    ts: array[float] = field(default_factory=lambda: array("d"))
-    dur: array[float] = field(default_factory=lambda: array("d"))
-    stream: array[int] = field(default_factory=lambda: array("q"))
-    correlation: array[int] = field(default_factory=lambda: array("q"))
+    name_idx: memoryview[int] = field(default_factory=lambda: empty_column("i"))
+    cat_idx: memoryview[int] = field(default_factory=lambda: empty_column("i"))
+    thread_idx: memoryview[int] = field(default_factory=lambda: empty_column("i"))
+    ts: memoryview[float] = field(default_factory=lambda: empty_column("d"))
+    dur: memoryview[float] = field(default_factory=lambda: empty_column("d"))
+    stream: memoryview[int] = field(default_factory=lambda: empty_column("q"))
+    correlation: memoryview[int] = field(default_factory=lambda: empty_column("q"))
     size_args: dict[int, dict[str, Any]] = field(default_factory=dict)
     thread_names: dict[tuple[str, str], str] = field(default_factory=dict)
     float_timestamps: bool = False
@@ -174,6 +175,9 @@ class _Builder:
         self.carries_sizes: list[bool] = []  # per name id: does the name match _SIZE_CARRIERS
         self.raw_threads: dict[tuple[int, int], int] = {}  # (pid, tid) as decoded -> thread id
         self.args_seen: dict[tuple[tuple[str, type, Any], ...], dict[str, Any]] = {}
+        self.ts, self.dur = GrowingColumn("d"), GrowingColumn("d")
+        self.name_idx, self.cat_idx, self.thread_idx = GrowingColumn("i"), GrowingColumn("i"), GrowingColumn("i")
+        self.stream, self.correlation = GrowingColumn("q"), GrowingColumn("q")
 
     def _shared(self, kept: dict[str, Any]) -> dict[str, Any]:
         """One dict for all events with equal size fields (every memcpy of the same size, every step's
@@ -230,34 +234,35 @@ class _Builder:
             t.skipped_python_functions += 1
             return
         name = str(ev.get("name", ""))
-        if len(t.ts) >= self.max_events:
+        if len(self.ts) >= self.max_events:
             self._too_many()
         try:
-            t.ts.append(float(ts))
-            t.dur.append(float(dur))
+            self.ts.append(float(ts))
+            self.dur.append(float(dur))
         except (TypeError, ValueError) as exc:
             raise TraceError(t.path, f"event {name!r} has a non-numeric ts/dur") from exc
-        i = len(t.ts) - 1
         nid = self.name_ids.get(name)
-        t.name_idx.append(self._name_id(name) if nid is None else nid)
-        t.cat_idx.append(self._intern(self.cat_ids, t.cats, str(cat)))
+        if nid is None:
+            nid = self._name_id(name)
+        self.name_idx.append(nid)
+        self.cat_idx.append(self._intern(self.cat_ids, t.cats, str(cat)))
         key = (str(ev.get("pid")), str(ev.get("tid")))
         tidx = self.thread_ids.get(key)
         if tidx is None:
             tidx = self.thread_ids[key] = len(t.threads)
             t.threads.append(key)
-        t.thread_idx.append(tidx)
+        self.thread_idx.append(tidx)
         args = ev.get("args")
         if isinstance(args, dict):
-            t.stream.append(_as_int(args.get("stream")))
-            t.correlation.append(_as_int(args.get("correlation")))
-            if self.carries_sizes[t.name_idx[i]] or "Collective name" in args:
+            self.stream.append(_as_int(args.get("stream")))
+            self.correlation.append(_as_int(args.get("correlation")))
+            if self.carries_sizes[nid] or "Collective name" in args:
                 kept = {k: args[k] for k in SIZE_ARG_KEYS if k in args}
                 if kept:
-                    t.size_args[i] = self._shared(kept)
+                    t.size_args[len(self.ts) - 1] = self._shared(kept)
         else:
-            t.stream.append(-1)
-            t.correlation.append(-1)
+            self.stream.append(-1)
+            self.correlation.append(-1)
 
 
     def add_batch(self, events: list[_Event]) -> None:
@@ -278,7 +283,7 @@ class _Builder:
             and ev.cat != "Trace" and ev.cat != "python_function"
         ]
         skipped = sum(ev.cat == "python_function" and ev.dur is not None and ev.ts is not None for ev in events)
-        regular = len(t.ts) + len(kept) <= self.max_events and all(
+        regular = len(self.ts) + len(kept) <= self.max_events and all(
             type(ev.name) is str and type(ev.cat) is str and type(ev.ts) in (int, float)
             and type(ev.dur) in (int, float) and type(ev.pid) is int and type(ev.tid) is int
             for ev in kept
@@ -288,16 +293,16 @@ class _Builder:
             return
         t.total_events += len(events)
         t.skipped_python_functions += skipped
-        first = len(t.ts)
-        t.ts.extend([float(ev.ts) for ev in kept])
-        t.dur.extend([float(ev.dur) for ev in kept])
+        first = len(self.ts)
+        self.ts.extend([float(ev.ts) for ev in kept])
+        self.dur.extend([float(ev.dur) for ev in kept])
         name_ids, cat_ids, thread_map = self.name_ids, self.cat_ids, self.thread_ids
         name_col = [name_ids.get(ev.name, -1) for ev in kept]
         for k, nid in enumerate(name_col):
             if nid < 0:
                 name_col[k] = self._name_id(kept[k].name)
-        t.name_idx.extend(name_col)
-        t.cat_idx.extend([
+        self.name_idx.extend(name_col)
+        self.cat_idx.extend([
             cid if (cid := cat_ids.get(ev.cat)) is not None else self._intern(cat_ids, t.cats, ev.cat)
             for ev in kept
         ])
@@ -312,11 +317,11 @@ class _Builder:
                     found = thread_map[key] = len(t.threads)
                     t.threads.append(key)
                 thread_col[k] = raw_threads[(ev.pid, ev.tid)] = found
-        t.thread_idx.extend(thread_col)
+        self.thread_idx.extend(thread_col)
         no_args = _NO_ARGS
         args = [ev.args or no_args for ev in kept]
-        t.stream.extend([v if type(v := a.stream) is int else _as_int(v) for a in args])
-        t.correlation.extend([v if type(v := a.correlation) is int else _as_int(v) for a in args])
+        self.stream.extend([v if type(v := a.stream) is int else _as_int(v) for a in args])
+        self.correlation.extend([v if type(v := a.correlation) is int else _as_int(v) for a in args])
         carries = self.carries_sizes
         for k, a in enumerate(args):
             if a is not no_args and (carries[name_col[k]] or a.collective_name is not _UNSET):
@@ -324,13 +329,20 @@ class _Builder:
                 if kept_args:
                     t.size_args[first + k] = self._shared(kept_args)
 
+    def finish(self) -> None:
+        """Hands the columns read to the trace, as read-only views; the builder takes no more events."""
+        t = self.t
+        t.ts, t.dur = self.ts.finish(), self.dur.finish()
+        t.name_idx, t.cat_idx, t.thread_idx = self.name_idx.finish(), self.cat_idx.finish(), self.thread_idx.finish()
+        t.stream, t.correlation = self.stream.finish(), self.correlation.finish()
+
     def _add_each(self, events: list[_Event]) -> None:
         t = self.t
         t.total_events += len(events)
         name_ids, cat_ids, thread_map = self.name_ids, self.cat_ids, self.thread_ids
         carries = self.carries_sizes
-        ts_col, dur_col, name_col, cat_col, thread_col = t.ts, t.dur, t.name_idx, t.cat_idx, t.thread_idx
-        stream_col, corr_col = t.stream, t.correlation
+        ts_col, dur_col, name_col, cat_col, thread_col = self.ts, self.dur, self.name_idx, self.cat_idx, self.thread_idx
+        stream_col, corr_col = self.stream, self.correlation
         for ev in events:
             ts = ev.ts
             if ts is None or type(ts) is float:
@@ -395,6 +407,7 @@ def load_rank_trace(
     builder = _Builder(trace, max_events)
     batches = EventBatches(_EVENTS_DECODER, builder.add_batch)
     trace.meta = read_trace(path, builder.add, max_value_chars=max_value_chars, batch=batches)
+    builder.finish()
     if len(trace) == 0:
         raise TraceError(path, "traceEvents holds no complete ('X') events with a duration: nothing to analyse")
     trace.stream, trace.correlation = narrowed(trace.stream), narrowed(trace.correlation)

@@ -18,23 +18,28 @@ FIXTURE = Path(__file__).parent / "fixtures" / "synthetic_gpu" / "rank-0.json.gz
 SHIFT = 2**40  # correlation ids that need 64 bits
 
 
+def _col(typecode: str, values: list[int]) -> memoryview:
+    return memoryview(array(typecode, values)).toreadonly()
+
+
 def test_narrowed_is_32_bit_where_every_value_fits_and_else_the_same_column() -> None:
-    small = array("q", [-1, 0, 7, 2**31 - 1])
+    small = _col("q", [-1, 0, 7, 2**31 - 1])
     got = narrowed(small)
-    assert got.typecode == "i"
+    assert got.format == "i"
+    assert got.readonly
     assert got.tolist() == small.tolist()
     assert column(got).dtype == np.int32
 
-    wide = array("q", [-1, 2**31])
+    wide = _col("q", [-1, 2**31])
     assert narrowed(wide) is wide
-    low = array("q", [-(2**31) - 1, 0])
+    low = _col("q", [-(2**31) - 1, 0])
     assert narrowed(low) is low
     assert column(wide).dtype == np.int64
     assert column(wide).tolist() == [-1, 2**31]
 
-    empty = array("q")
+    empty = _col("q", [])
     assert narrowed(empty) is empty
-    already = array("i", [1, 2])
+    already = _col("i", [1, 2])
     assert narrowed(already) is already
 
 
@@ -54,10 +59,11 @@ def _shifted_copy(tmp_path: Path) -> Path:
 
 def test_loaded_columns_are_narrow_unless_the_values_need_more(tmp_path: Path) -> None:
     plain = load_rank_trace(FIXTURE)
-    assert {plain.stream.typecode, plain.correlation.typecode, plain.name_idx.typecode} == {"i"}
+    assert {plain.stream.format, plain.correlation.format, plain.name_idx.format} == {"i"}
+    assert (plain.ts.format, plain.dur.format) == ("d", "d")
     shifted = load_rank_trace(_shifted_copy(tmp_path))
-    assert shifted.correlation.typecode == "q"
-    assert shifted.stream.typecode == "i"
+    assert shifted.correlation.format == "q"
+    assert shifted.stream.format == "i"
     expected = [c + SHIFT if c >= 0 else c for c in plain.correlation]
     assert shifted.correlation.tolist() == expected
 

@@ -14,6 +14,7 @@ def _generic(path: Path) -> RankTrace:
     trace = RankTrace(path=path, meta={})
     builder = _Builder(trace, 10**9)
     trace.meta = read_trace(path, builder.add)
+    builder.finish()
     return trace
 
 
