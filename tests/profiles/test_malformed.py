@@ -253,8 +253,8 @@ def test_a_large_value_under_the_limit_is_rescanned_a_logarithmic_number_of_time
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A 16 MiB metadata value is read whole. Each decode attempt of a value that does not end in the
     buffer rescans it from its start, so the reader reads on by as much again as it holds: about
-    log2(16 MiB / 64 KiB) = 8 attempts for it (14 for the whole file), where a chunk at a time would
-    take 256 and time quadratic in the value's size (261 for the file)."""
+    log2(16 MiB / 32 KiB) = 9 attempts for it (15 for the whole file), where a chunk at a time would
+    take 512 and time quadratic in the value's size."""
     attempts = [0]
 
     class Counting(json.JSONDecoder):
