@@ -74,16 +74,26 @@ _SIZE_FIELDS = tuple(
 assert [k for k, _ in _SIZE_FIELDS] == list(SIZE_ARG_KEYS)
 
 
+_Id = int | str | None  # a pid or tid as the fast path takes it
+
+
 class _Event(msgspec.Struct, gc=False):
-    """One ``traceEvents`` element as the fast path decodes it (see ``reader.EventBatches``)."""
+    """One ``traceEvents`` element as the fast path decodes it (see ``reader.EventBatches``).
+
+    The fields the columns are built from are typed, so that msgspec checks them in C: a batch holding
+    an event with any other type (a number for a name, a string for a timestamp, ``true`` for a pid)
+    does not decode, and its elements go one by one through the generic decoder and ``_Builder.add``,
+    which read them as before. A missing name reads as "" on both paths. A pid or tid may be a string,
+    since every path keys threads by ``str()`` of both, but not a float or a bool: ``_Builder.raw_threads``
+    would take ``1.0`` or ``true`` for ``1``, whose thread is "1", not "1.0" or "True"."""
 
     ph: Any = None
-    name: Any = _UNSET
-    cat: Any = None
-    ts: Any = None
-    dur: Any = None
-    pid: Any = None
-    tid: Any = None
+    name: str = ""
+    cat: str | None = None
+    ts: int | float | None = None
+    dur: int | float | None = None
+    pid: _Id = None
+    tid: _Id = None
     args: _Args | None = None
 
 
@@ -173,7 +183,7 @@ class _Builder:
         self.cat_ids: dict[str, int] = {}
         self.thread_ids: dict[tuple[str, str], int] = {}
         self.carries_sizes: list[bool] = []  # per name id: does the name match _SIZE_CARRIERS
-        self.raw_threads: dict[tuple[int, int], int] = {}  # (pid, tid) as decoded -> thread id
+        self.raw_threads: dict[tuple[_Id, _Id], int] = {}  # (pid, tid) as decoded -> thread id
         self.args_seen: dict[tuple[tuple[str, type, Any], ...], dict[str, Any]] = {}
         self.ts, self.dur = GrowingColumn("d"), GrowingColumn("d")
         self.name_idx, self.cat_idx, self.thread_idx = GrowingColumn("i"), GrowingColumn("i"), GrowingColumn("i")
@@ -268,27 +278,22 @@ class _Builder:
     def add_batch(self, events: list[_Event]) -> None:
         """``add`` for events decoded by the fast path: the same columns, the same errors.
 
-        Column by column where the batch is regular; event by event (``_add_each``) when an event would
-        raise or carries an unusual type, so that errors name the same event as ``add`` would."""
+        Column by column; event by event (``_add_each``) for a batch with metadata events, or one that
+        would pass ``max_events``, so that the error names the same event as ``add`` would."""
         t = self.t
         if any(ev.ph == "M" for ev in events):
             self._add_each(events)
             return
         if not t.float_timestamps and any(ev.ts is None or type(ev.ts) is float for ev in events):
             t.float_timestamps = True
-        kept = [
+        kept: list[Any] = [  # each with its ts, dur and cat: not None
             ev
             for ev in events
             if ev.dur is not None and ev.cat is not None and ev.ts is not None
             and ev.cat != "Trace" and ev.cat != "python_function"
         ]
         skipped = sum(ev.cat == "python_function" and ev.dur is not None and ev.ts is not None for ev in events)
-        regular = len(self.ts) + len(kept) <= self.max_events and all(
-            type(ev.name) is str and type(ev.cat) is str and type(ev.ts) in (int, float)
-            and type(ev.dur) in (int, float) and type(ev.pid) is int and type(ev.tid) is int
-            for ev in kept
-        )
-        if not regular:
+        if len(self.ts) + len(kept) > self.max_events:
             self._add_each(events)
             return
         t.total_events += len(events)
@@ -361,21 +366,16 @@ class _Builder:
                 t.skipped_python_functions += 1
                 continue
             name = ev.name
-            if type(name) is not str:
-                name = "" if name is _UNSET else str(name)
             if len(ts_col) >= self.max_events:
                 self._too_many()
-            try:
-                ts_col.append(float(ts))
-                dur_col.append(float(dur))
-            except (TypeError, ValueError) as exc:
-                raise TraceError(t.path, f"event {name!r} has a non-numeric ts/dur") from exc
+            ts_col.append(float(ts))
+            dur_col.append(float(dur))
             nid = name_ids.get(name)
             if nid is None:
                 nid = self._name_id(name)
             name_col.append(nid)
-            cid = cat_ids.get(cat) if type(cat) is str else None
-            cat_col.append(cid if cid is not None else self._intern(cat_ids, t.cats, str(cat)))
+            cid = cat_ids.get(cat)
+            cat_col.append(cid if cid is not None else self._intern(cat_ids, t.cats, cat))
             key = (str(ev.pid), str(ev.tid))
             tidx = thread_map.get(key)
             if tidx is None:

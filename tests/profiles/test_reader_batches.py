@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from service.profiles.errors import TraceError
 from service.profiles.events import _EVENTS_DECODER, RankTrace, _Builder, load_rank_trace
 from service.profiles.reader import EventBatches, read_trace
 
@@ -48,6 +51,19 @@ def test_odd_events_read_the_same_by_both_paths(tmp_path: Path) -> None:
                                                                "dtype": "Float", "Collective name": None}})
             events.append({"ph": "X", "cat": "python_function", "name": "f", "pid": 1, "tid": 1, "ts": i, "dur": 1})
             events.append({"ph": "X", "cat": "Trace", "name": "whole", "pid": 1, "tid": 1, "ts": i, "dur": 1})
+        if i % 100 == 0:  # a CPU thread whose raw (pid, tid) equals (True, 1.0) below: a different thread
+            events.append({"ph": "X", "cat": "cpu_op", "name": "b", "pid": 1, "tid": 1, "ts": i, "dur": 1})
+        # types the fast path's struct refuses, one per batch: each reads as the generic decoder reads it
+        if i % 800 == 7:
+            events.append({"ph": "X", "cat": "cpu_op", "name": "a", "pid": True, "tid": 1.0, "ts": i, "dur": 1})
+        if i % 800 == 207:
+            events.append({"ph": "X", "cat": "cpu_op", "name": None, "pid": 1, "tid": 1, "ts": i, "dur": 1})
+        if i % 800 == 407:
+            events.append({"ph": "X", "cat": 5, "name": "c", "pid": 1, "tid": 1, "ts": i, "dur": 1})
+        if i % 800 == 507:
+            events.append({"ph": "X", "cat": "cpu_op", "name": "d", "pid": 1, "tid": 1, "ts": "7", "dur": 1})
+        if i % 800 == 607:  # no name, a pid that is a string
+            events.append({"ph": "X", "cat": "cpu_op", "pid": "1", "tid": 1, "ts": i, "dur": 1})
     text = json.dumps({"schemaVersion": 1, "traceEvents": events, "traceName": "odd"}, indent=1)
     path = tmp_path / "odd.json"
     path.write_text(text.replace('"dur": 2,', '"dur": NaN,', 1))  # one value msgspec refuses
@@ -58,3 +74,16 @@ def test_odd_events_read_the_same_by_both_paths(tmp_path: Path) -> None:
     fast, slow = load_rank_trace(path), _generic(path)
     assert len(fast) > 3_000
     assert _columns(fast) == _columns(slow)
+
+
+@pytest.mark.parametrize("field", ["ts", "dur"])
+def test_a_timestamp_or_duration_that_is_no_number_is_an_error_naming_the_event(tmp_path: Path, field: str) -> None:
+    events: list[dict[str, object]] = [
+        {"ph": "X", "cat": "kernel", "name": f"k{i}", "pid": 0, "tid": 7, "ts": 1000 + i, "dur": 1}
+        for i in range(2_000)
+    ]
+    events[1_500][field] = "soon"
+    path = tmp_path / "late.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    with pytest.raises(TraceError, match=r"event 'k1500' has a non-numeric ts/dur"):
+        load_rank_trace(path)
