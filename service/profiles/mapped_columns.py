@@ -48,6 +48,7 @@ class GrowingColumn:
         self.itemsize = array(typecode).itemsize
         self._map: mmap.mmap | None = _new_map(_FIRST)
         self._len = 0
+        self._one = array(typecode, [0])  # append's value, checked by the array's own conversion
 
     def __len__(self) -> int:
         return self._len
@@ -63,7 +64,8 @@ class GrowingColumn:
                 self._map.resize(size)
             except (OSError, SystemError):  # no mremap (macOS): copy into a larger map
                 larger = _new_map(size)
-                larger[: self._len * self.itemsize] = self._map[: self._len * self.itemsize]
+                with memoryview(self._map) as old:
+                    larger[: self._len * self.itemsize] = old[: self._len * self.itemsize]
                 self._map.close()
                 self._map = larger
         return self._map
@@ -78,7 +80,13 @@ class GrowingColumn:
         self._len += len(data)
 
     def append(self, value: Any) -> None:
-        self.extend((value,))
+        """Append one value; one the typecode cannot hold raises as ``array.append`` does."""
+        one = self._one
+        one[0] = value
+        memory = self._room_for(1)
+        start = self._len * self.itemsize
+        memory[start : start + self.itemsize] = one
+        self._len += 1
 
     def finish(self) -> memoryview[Any]:
         """The column as a read-only view (see the module docstring); it takes no more values after."""

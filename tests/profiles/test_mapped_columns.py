@@ -48,11 +48,12 @@ def test_a_grown_column_reads_back_as_an_array_of_its_typecode(typecode: str, va
     assert not column(view).flags.writeable
 
 
+@pytest.mark.parametrize("refusal", [SystemError, OSError])  # macOS's, and an OS's refusal
 def test_where_the_os_cannot_grow_a_map_in_place_the_column_is_copied_into_a_larger_one(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    class NoMremap(mmap.mmap):  # as on macOS
+        monkeypatch: pytest.MonkeyPatch, refusal: type[Exception]) -> None:
+    class NoMremap(mmap.mmap):
         def resize(self, newsize: int) -> None:
-            raise OSError("mmap: resizing not available--no mremap()")
+            raise refusal("mmap: resizing not available--no mremap()")
 
     made: list[int] = []
 
@@ -71,6 +72,10 @@ def test_a_value_the_typecode_cannot_hold_is_refused_and_nothing_of_its_batch_is
     col.extend([1, 2])
     with pytest.raises(OverflowError):
         col.extend([3, 2**40])
+    with pytest.raises(OverflowError):
+        col.append(2**40)
+    with pytest.raises(TypeError):
+        col.append("5")
     col.append(4)
     assert col.finish().tolist() == [1, 2, 4]
 
