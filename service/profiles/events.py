@@ -8,6 +8,7 @@ huge, as HTA's streaming backend also does). ``args`` are reduced to the ids the
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,13 +103,26 @@ _NO_ARGS = _Args()
 
 
 def _as_int(value: Any, default: int = -1) -> int:
-    """HTA's rule: a value that int() cannot convert becomes the default."""
+    """HTA's rule: a value that int() cannot convert becomes the default (an infinite float too)."""
     if value is None:
         return default
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return default
+
+
+def _times(path: Path, name: str, ts: Any, dur: Any) -> tuple[float, float]:
+    """An event's ts and dur as floats; a ``TraceError`` naming the event where either is not a finite
+    number (a string that is no number, NaN or Infinity, which Python's json reads, or an integer
+    past a float's range)."""
+    try:
+        start, length = float(ts), float(dur)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise TraceError(path, f"event {name!r} has a ts or dur that is not a finite number") from exc
+    if not (math.isfinite(start) and math.isfinite(length)):
+        raise TraceError(path, f"event {name!r} has a ts or dur that is not a finite number")
+    return start, length
 
 
 _INT32 = np.iinfo(np.int32)
@@ -246,11 +260,9 @@ class _Builder:
         name = str(ev.get("name", ""))
         if len(self.ts) >= self.max_events:
             self._too_many()
-        try:
-            self.ts.append(float(ts))
-            self.dur.append(float(dur))
-        except (TypeError, ValueError) as exc:
-            raise TraceError(t.path, f"event {name!r} has a non-numeric ts/dur") from exc
+        start, length = _times(t.path, name, ts, dur)
+        self.ts.append(start)
+        self.dur.append(length)
         nid = self.name_ids.get(name)
         if nid is None:
             nid = self._name_id(name)
@@ -278,8 +290,9 @@ class _Builder:
     def add_batch(self, events: list[_Event]) -> None:
         """``add`` for events decoded by the fast path: the same columns, the same errors.
 
-        Column by column; event by event (``_add_each``) for a batch with metadata events, or one that
-        would pass ``max_events``, so that the error names the same event as ``add`` would."""
+        Column by column; event by event (``_add_each``) for a batch with metadata events, one that
+        would pass ``max_events`` or one with an integer ts or dur past a float's range, so that the
+        error names the same event as ``add`` would."""
         t = self.t
         if any(ev.ph == "M" for ev in events):
             self._add_each(events)
@@ -296,11 +309,16 @@ class _Builder:
         if len(self.ts) + len(kept) > self.max_events:
             self._add_each(events)
             return
+        try:
+            starts, lengths = [float(ev.ts) for ev in kept], [float(ev.dur) for ev in kept]
+        except OverflowError:  # an integer past a float's range: the error names its event
+            self._add_each(events)
+            return
         t.total_events += len(events)
         t.skipped_python_functions += skipped
         first = len(self.ts)
-        self.ts.extend([float(ev.ts) for ev in kept])
-        self.dur.extend([float(ev.dur) for ev in kept])
+        self.ts.extend(starts)
+        self.dur.extend(lengths)
         name_ids, cat_ids, thread_map = self.name_ids, self.cat_ids, self.thread_ids
         name_col = [name_ids.get(ev.name, -1) for ev in kept]
         for k, nid in enumerate(name_col):
@@ -368,8 +386,9 @@ class _Builder:
             name = ev.name
             if len(ts_col) >= self.max_events:
                 self._too_many()
-            ts_col.append(float(ts))
-            dur_col.append(float(dur))
+            start, length = _times(t.path, name, ts, dur)
+            ts_col.append(start)
+            dur_col.append(length)
             nid = name_ids.get(name)
             if nid is None:
                 nid = self._name_id(name)

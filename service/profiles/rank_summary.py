@@ -121,7 +121,7 @@ def launch_stats(t: RankTrace, tl: Timeline) -> LaunchStats | None:
     order = np.argsort(call_corrs, kind="stable")  # np.unique(..., return_index=True)
     call_corrs, calls = call_corrs[order], calls[order]
     del order
-    firsts = np.flatnonzero(np.concatenate(([True], call_corrs[1:] != call_corrs[:-1])))
+    firsts = np.flatnonzero(np.concatenate(([len(call_corrs) > 0], call_corrs[1:] != call_corrs[:-1])))
     call_corrs, call_at = call_corrs[firsts], calls[firsts]
     del calls, firsts
     ts, dur = column(t.ts), column(t.dur)

@@ -193,6 +193,8 @@ class _Scanner:
                 if truncated and self._need_more():
                     continue
                 raise TraceError(self.path, f"invalid JSON {where}: {exc.msg} (char {exc.pos})") from exc
+            except ValueError as exc:  # an integer past Python's int_max_str_digits
+                raise TraceError(self.path, f"invalid JSON {where}: {exc}") from exc
             scalar_at_end = end >= len(self.buf) and not isinstance(obj, dict | list | str)
             if scalar_at_end and not self.eof and self._fill():  # a number may continue in the next chunk
                 continue

@@ -14,6 +14,7 @@ import pytest
 from tracebuild import TraceBuilder
 
 from service.profiles import TraceError, analyze_traces
+from service.profiles.events import load_rank_trace
 from service.profiles.reader import DEFAULT_MAX_VALUE_CHARS, read_trace
 
 
@@ -43,6 +44,11 @@ def test_truncated_gzip(tmp_path: Path) -> None:
             "invalid JSON",
         ),
         ('{"traceEvents": [3]}', "is not an object"),
+        (  # past Python's int_max_str_digits: msgspec refuses it too, so json meets it
+            '{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2, "cat": "kernel", "args": {"stream": '
+            + "9" * 5_000 + "}}]}",
+            "invalid JSON in traceEvents: Exceeds the limit",
+        ),
         ("", "expected a JSON object"),
     ],
 )
@@ -269,3 +275,24 @@ def test_a_large_value_under_the_limit_is_rescanned_a_logarithmic_number_of_time
     meta = read_trace(p, lambda _: None)
     assert meta["deviceProperties"] == big and meta["schemaVersion"] == 1
     assert attempts[0] <= 16, f"{attempts[0]} decode attempts for one 16 MiB value"
+
+
+def test_kernels_without_a_launch_call_give_no_launch_figures(tmp_path: Path) -> None:
+    """A GPU trace with no cudaLaunchKernel on the CPU side (only device activity was recorded)."""
+    p = tmp_path / "device_only.json"
+    p.write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "name": "k", "cat": "kernel", "ts": 5, "dur": 2, "pid": 1, "tid": 1, "args": {"stream": 3}},
+    ]}))
+    rank = analyze_traces([p]).ranks["0"]
+    assert rank.timeline_basis == "gpu_kernels" and rank.partition.compute_only_us == 2.0
+    assert rank.launch is not None and rank.launch.n_launches == 0
+
+
+def test_an_infinite_stream_id_is_no_stream_as_any_id_int_cannot_read(tmp_path: Path) -> None:
+    kernel = '{"ph": "X", "name": "k", "cat": "kernel", "ts": 5, "dur": 2, "pid": 1, "tid": 1, "args": {"stream": %s}}'
+    streams = {}
+    for stream in ("1e400", '"three"', "3"):
+        p = tmp_path / "stream.json"
+        p.write_text('{"traceEvents": [%s]}' % (kernel % stream))
+        streams[stream] = load_rank_trace(p).stream[0]
+    assert streams == {"1e400": -1, '"three"': -1, "3": 3}
