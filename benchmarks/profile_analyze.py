@@ -12,7 +12,14 @@ tool runs in a child process of its own, measured the same way: wall time and CP
 analysis (CPU time includes any worker processes: HTA parses ranks in a process pool), and the
 child's peak RSS above its RSS once its imports are done (so the interpreter and libraries are not
 counted for either; HTA's workers' memory is printed apart and left out of the ratio, which favours
-HTA). Both import their code from bytecode: HTA's is compiled by pip at install, and shardctl's
+HTA). With HTA, one more run of each measures the peak of its whole process tree: the child's RSS
+plus the private memory (unique set size) of each process it started, sampled every millisecond. HTA
+parses each rank in a worker forked from the child; a worker's RSS counts the pages it shares with its
+parent, its private memory only what it added, the pages it copied on write included (the interpreter
+writes to every object it counts references to or collects). Both ratios print: the child's alone
+(conservative for HTA) and the whole tree's (what the machine provides; a lower bound for HTA, since
+sampling can miss a short peak and pages the workers share only with each other count in neither).
+Both import their code from bytecode: HTA's is compiled by pip at install, and shardctl's
 `service` package is compiled here first (`compileall`, into its `__pycache__` folders). Compiling
 source at import leaves the heap a few hundred KB of freed memory that the analysis then reuses
 without growing RSS, which made the small sets read up to 0.8 MB lighter than an installed shardctl
@@ -42,6 +49,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,6 +161,57 @@ def _child(python: str, code: str, *args: str) -> dict[str, object]:
     return json.loads(res.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
+def _descendants(pid: int) -> list[int]:
+    """`pid`'s child processes and theirs, as /proc lists them now (Linux)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids = [int(k) for k in (task / "children").read_text().split()]
+        except OSError:  # the task or the process ended while being read
+            continue
+        for kid in kids:
+            found += [kid, *_descendants(kid)]
+    return found
+
+
+def _private_bytes(pid: int) -> int:
+    """Memory only `pid` maps (its unique set size): for a forked worker, what it added to its parent's
+    pages, including those it copied on write. 0 once the process is gone."""
+    try:
+        lines = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()
+    except OSError:
+        return 0
+    return sum(int(line.split()[1]) * 1024 for line in lines if line.startswith(("Private_Clean:", "Private_Dirty:")))
+
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _resident_bytes(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+    except OSError:
+        return 0
+
+
+def _tree_peak(python: str, code: str, *args: str) -> tuple[dict[str, object], float]:
+    """`_child`'s run, with the peak memory of its whole process tree above the child's RSS after its
+    imports, in MB: the child's RSS plus the private memory of every process it started (HTA's forked
+    parsing workers), sampled from here every millisecond, or the child's own `VmHWM` where that is
+    higher. Sampling can miss a short peak, so this is a lower bound. A run of its own: the sampling
+    takes CPU from the child, so its time is not reported."""
+    proc = subprocess.Popen([python, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    highest = 0
+    while proc.poll() is None:
+        highest = max(highest, _resident_bytes(proc.pid) + sum(map(_private_bytes, _descendants(proc.pid))))
+        time.sleep(0.001)
+    stdout, stderr = proc.communicate()
+    if proc.returncode != 0:
+        raise SystemExit(f"child {python} failed:\n{stderr[-3000:]}")
+    out: dict[str, object] = json.loads(stdout.strip().splitlines()[-1])
+    return out, max(_mb(highest), _mb(out["rss_peak"])) - _mb(out["rss_before"])
+
+
 def _mb(x: object) -> float:
     return float(x) / 1e6  # type: ignore[arg-type]
 
@@ -241,6 +300,11 @@ def _against_hta(hta_python: str, trace_dir: Path, paths: list[Path], ours: dict
     memory = hta_mem / max(ours_mem, 0.1)
     print(f"HTA / shardctl: time {wall:.2f}x wall, {cpu:.2f}x CPU (goal >= {GOAL_SPEEDUP:g}x); "
           f"peak memory {memory:.2f}x (goal >= {GOAL_MEMORY:g}x, i.e. at most a fifth of HTA's)")
+    _, hta_tree = _tree_peak(hta_python, _HTA_CHILD, str(trace_dir), *pairs)
+    _, ours_tree = _tree_peak(sys.executable, _OURS_CHILD, str(ROOT), "time", *(str(p) for p in paths))
+    print(f"whole process trees (a run each, sampled every ms: the child's RSS and its workers' private memory, "
+          f"what they copied on write included, above the child's imports): HTA +{hta_tree:.1f} MB, "
+          f"shardctl +{ours_tree:.1f} MB: {hta_tree / max(ours_tree, 0.1):.2f}x (goal >= {GOAL_MEMORY:g}x)")
     print(f"background load (1-min load average): {load_before:.1f} before, {os.getloadavg()[0]:.1f} after, "
           f"on {os.cpu_count()} CPUs; CPU-time ratios are the steadier under load")
     keys = ("idle_time_pctg", "compute_time_pctg", "non_compute_time_pctg", "comm_comp_overlap_pctg")
