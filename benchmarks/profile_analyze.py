@@ -200,15 +200,18 @@ def _tree_peak(python: str, code: str, *args: str) -> tuple[dict[str, object], f
     parsing workers), sampled from here every millisecond, or the child's own `VmHWM` where that is
     higher. Sampling can miss a short peak, so this is a lower bound. A run of its own: the sampling
     takes CPU from the child, so its time is not reported."""
-    proc = subprocess.Popen([python, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    highest = 0
-    while proc.poll() is None:
-        highest = max(highest, _resident_bytes(proc.pid) + sum(map(_private_bytes, _descendants(proc.pid))))
-        time.sleep(0.001)
-    stdout, stderr = proc.communicate()
+    with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:  # no pipe to fill
+        proc = subprocess.Popen([python, "-c", code, *args], stdout=stdout, stderr=stderr, text=True)
+        highest = 0
+        while proc.poll() is None:
+            highest = max(highest, _resident_bytes(proc.pid) + sum(map(_private_bytes, _descendants(proc.pid))))
+            time.sleep(0.001)
+        stdout.seek(0)
+        stderr.seek(0)
+        printed, complaint = stdout.read(), stderr.read()
     if proc.returncode != 0:
-        raise SystemExit(f"child {python} failed:\n{stderr[-3000:]}")
-    out: dict[str, object] = json.loads(stdout.strip().splitlines()[-1])
+        raise SystemExit(f"child {python} failed:\n{complaint[-3000:]}")
+    out: dict[str, object] = json.loads(printed.strip().splitlines()[-1])
     return out, max(_mb(highest), _mb(out["rss_peak"])) - _mb(out["rss_before"])
 
 

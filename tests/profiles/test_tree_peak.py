@@ -5,8 +5,10 @@ parent are not."""
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -69,3 +71,15 @@ def test_pages_a_worker_only_shares_do_not_count(profile_analyze: ModuleType) ->
 def test_a_failing_child_is_reported(profile_analyze: ModuleType) -> None:
     with pytest.raises(SystemExit, match="ZeroDivisionError"):
         profile_analyze._tree_peak(sys.executable, "1/0")
+
+
+def test_a_child_that_writes_much_is_read_to_the_end(profile_analyze: ModuleType) -> None:
+    """HTA logs to stderr: a child that writes more than a pipe holds must not stall while sampled."""
+    code = "import sys; sys.stderr.write('x' * 500_000); print('{\"rss_before\": 0, \"rss_peak\": 0}')"
+    result: list[Any] = []
+    worker = threading.Thread(target=lambda: result.append(profile_analyze._tree_peak(sys.executable, code)),
+                              daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "the child stalled on a full pipe"
+    assert result[0][0] == {"rss_before": 0, "rss_peak": 0}
