@@ -13,12 +13,13 @@ analysis (CPU time includes any worker processes: HTA parses ranks in a process 
 child's peak RSS above its RSS once its imports are done (so the interpreter and libraries are not
 counted for either; HTA's workers' memory is printed apart and left out of the ratio, which favours
 HTA). With HTA, one more run of each measures the peak of its whole process tree: the child's RSS
-plus the private memory (unique set size) of each process it started, sampled every millisecond. HTA
+plus the private memory (unique set size) of each process it started, sampled every 1 to 3 ms. HTA
 parses each rank in a worker forked from the child; a worker's RSS counts the pages it shares with its
 parent, its private memory only what it added, the pages it copied on write included (the interpreter
 writes to every object it counts references to or collects). Both ratios print: the child's alone
-(conservative for HTA) and the whole tree's (what the machine provides; a lower bound for HTA, since
-sampling can miss a short peak and pages the workers share only with each other count in neither).
+(conservative for HTA) and the whole tree's (what the machine provides; about a lower bound for HTA,
+since sampling can miss a short peak and pages the workers share only with each other count in
+neither). HTA starts a worker per rank up to the CPU count, so its whole tree grows with the cores.
 Both import their code from bytecode: HTA's is compiled by pip at install, and shardctl's
 `service` package is compiled here first (`compileall`, into its `__pycache__` folders). Compiling
 source at import leaves the heap a few hundred KB of freed memory that the analysis then reuses
@@ -45,6 +46,7 @@ import gzip
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -161,16 +163,22 @@ def _child(python: str, code: str, *args: str) -> dict[str, object]:
     return json.loads(res.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-def _descendants(pid: int) -> list[int]:
-    """`pid`'s child processes and theirs, as /proc lists them now (Linux)."""
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
+def _descendants(pid: int) -> set[int]:
+    """`pid`'s child processes and theirs, as /proc lists them now (Linux). A process or thread that
+    ends while being read lists nothing; a child a thread's exit handed to another is listed once."""
+    found: set[int] = set()
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
         try:
-            kids = [int(k) for k in (task / "children").read_text().split()]
-        except OSError:  # the task or the process ended while being read
+            kids = [int(k) for k in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+        except OSError:
             continue
         for kid in kids:
-            found += [kid, *_descendants(kid)]
+            if kid not in found:
+                found |= {kid, *_descendants(kid)}
     return found
 
 
@@ -197,21 +205,31 @@ def _resident_bytes(pid: int) -> int:
 def _tree_peak(python: str, code: str, *args: str) -> tuple[dict[str, object], float]:
     """`_child`'s run, with the peak memory of its whole process tree above the child's RSS after its
     imports, in MB: the child's RSS plus the private memory of every process it started (HTA's forked
-    parsing workers), sampled from here every millisecond, or the child's own `VmHWM` where that is
-    higher. Sampling can miss a short peak, so this is a lower bound. A run of its own: the sampling
-    takes CPU from the child, so its time is not reported."""
-    with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:  # no pipe to fill
-        proc = subprocess.Popen([python, "-c", code, *args], stdout=stdout, stderr=stderr, text=True)
+    parsing workers), sampled from here every 1 to 3 ms (a sample takes time), or the child's own
+    `VmHWM` where that is higher. Sampling can miss a short peak, so for a tree with workers this is
+    about a lower bound (the child's RSS and a worker's private memory are read one after the other,
+    so a page that changes hands between the two reads can count twice). A run of its own: the
+    sampling takes CPU from the child, so its time is not reported. The child and whatever it started
+    are killed if the sampling stops early (an error, Ctrl-C)."""
+    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:  # files: no pipe to fill
+        proc = subprocess.Popen([python, "-c", code, *args], stdout=stdout, stderr=stderr, start_new_session=True)
         highest = 0
-        while proc.poll() is None:
-            highest = max(highest, _resident_bytes(proc.pid) + sum(map(_private_bytes, _descendants(proc.pid))))
-            time.sleep(0.001)
+        try:
+            while proc.poll() is None:
+                highest = max(highest, _resident_bytes(proc.pid) + sum(map(_private_bytes, _descendants(proc.pid))))
+                time.sleep(0.001)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
         stdout.seek(0)
         stderr.seek(0)
-        printed, complaint = stdout.read(), stderr.read()
-    if proc.returncode != 0:
-        raise SystemExit(f"child {python} failed:\n{complaint[-3000:]}")
-    out: dict[str, object] = json.loads(printed.strip().splitlines()[-1])
+        printed, complaint = (f.read().decode(errors="replace") for f in (stdout, stderr))
+    lines = printed.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(f"child {python} failed (exit {proc.returncode}, {len(lines)} lines printed):\n"
+                         f"{complaint[-3000:]}")
+    out: dict[str, object] = json.loads(lines[-1])
     return out, max(_mb(highest), _mb(out["rss_peak"])) - _mb(out["rss_before"])
 
 
@@ -305,7 +323,7 @@ def _against_hta(hta_python: str, trace_dir: Path, paths: list[Path], ours: dict
           f"peak memory {memory:.2f}x (goal >= {GOAL_MEMORY:g}x, i.e. at most a fifth of HTA's)")
     _, hta_tree = _tree_peak(hta_python, _HTA_CHILD, str(trace_dir), *pairs)
     _, ours_tree = _tree_peak(sys.executable, _OURS_CHILD, str(ROOT), "time", *(str(p) for p in paths))
-    print(f"whole process trees (a run each, sampled every ms: the child's RSS and its workers' private memory, "
+    print(f"whole process trees (a run each, sampled every 1-3 ms: the child's RSS and its workers' private memory, "
           f"what they copied on write included, above the child's imports): HTA +{hta_tree:.1f} MB, "
           f"shardctl +{ours_tree:.1f} MB: {hta_tree / max(ours_tree, 0.1):.2f}x (goal >= {GOAL_MEMORY:g}x)")
     print(f"background load (1-min load average): {load_before:.1f} before, {os.getloadavg()[0]:.1f} after, "
