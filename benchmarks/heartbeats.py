@@ -57,8 +57,9 @@ from service.store.vocab import Role
 TINY: dict[str, Any] = {"name": "bench", "model": {"preset": "llama-tiny"},
                         "training": {"global_batch": 2, "precision": "fp32", "steps": 100},
                         "resources": {"gpu": "cpu", "gpus_per_node": 1, "nodes": 1}}
-GOAL_MS = 1.0
 GOAL_RATE = 1000 / 10  # heartbeats a second: 1,000 running jobs, one every 10 s each (issue 17)
+GOAL_SHARE = 0.10  # of one core, at that rate
+GOAL_MS = GOAL_SHARE * 1000 / GOAL_RATE  # server CPU per heartbeat: 1 ms
 
 
 def seed(url: str, n_jobs: int) -> dict[int, str]:
@@ -141,10 +142,9 @@ def report(label: str, m: Measured, jobs: int, every_s: float) -> None:
           f" counted above): {statistics.median(m.client_ms):.3f} ms")
     print(f"at {jobs:,} jobs every {every_s:.0f} s ({rate:.0f}/s): {rate * m.beat / 10:.1f}% of one core"
           f" for the API server, {rate * m.own / 10:.1f}% for the heartbeat's own work")
-    whole, own = GOAL_RATE * m.beat / 10, GOAL_RATE * m.own / 10
-    print(f"goal: at 1,000 jobs every 10 s, under 10% of one core; the server's whole CPU (the request's floor"
-          f" included) {whole:.2f}%: {'yes' if whole < 10 else 'NO'}; the heartbeat's own work {own:.2f}%:"
-          f" {'yes' if own < 10 else 'NO'}")
+    print(f"goal: at 1,000 jobs every 10 s, under {GOAL_SHARE:.0%} of one core; the server's whole CPU (the"
+          f" request's floor included) {GOAL_RATE * m.beat / 10:.2f}%: {'yes' if m.beat < GOAL_MS else 'NO'};"
+          f" the heartbeat's own work {GOAL_RATE * m.own / 10:.2f}%: {'yes' if m.own < GOAL_MS else 'NO'}")
 
 
 def main(argv: list[str] | None = None) -> int:

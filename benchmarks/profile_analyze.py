@@ -58,7 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "profiles" / "fixtures"))
 
 from make_synthetic_gpu_traces import write_rank_traces  # type: ignore[import-not-found]  # noqa: E402
-from side_by_side import add_against, trees  # noqa: E402
+from side_by_side import add_against, compiled, trees  # noqa: E402
 
 from service.profiles.reader import read_trace  # noqa: E402
 
@@ -151,16 +151,20 @@ def _same(a: float | None, b: float | None) -> bool:
     return norm(a) == norm(b)
 
 
-def _compiled(tree: Path) -> None:
-    """Bytecode for `tree`'s `service` package, as an installed package has (see the module docstring)."""
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "service")], check=True)
+def _result(python: str, returncode: int, printed: str, complaint: str) -> dict[str, object]:
+    """A child's last printed line, as JSON; `SystemExit` with its stderr where it failed or printed
+    nothing."""
+    lines = printed.strip().splitlines()
+    if returncode != 0 or not lines:
+        raise SystemExit(f"child {python} failed (exit {returncode}, {len(lines)} lines printed):\n"
+                         f"{complaint[-3000:]}")
+    out: dict[str, object] = json.loads(lines[-1])
+    return out
 
 
 def _child(python: str, code: str, *args: str) -> dict[str, object]:
-    res = subprocess.run([python, "-c", code, *args], capture_output=True, text=True, check=False)
-    if res.returncode != 0:
-        raise SystemExit(f"child {python} failed:\n{res.stderr[-3000:]}")
-    return json.loads(res.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    res = subprocess.run([python, "-c", code, *args], capture_output=True, check=False)
+    return _result(python, res.returncode, res.stdout.decode(errors="replace"), res.stderr.decode(errors="replace"))
 
 
 def _descendants(pid: int) -> set[int]:
@@ -225,11 +229,7 @@ def _tree_peak(python: str, code: str, *args: str) -> tuple[dict[str, object], f
         stdout.seek(0)
         stderr.seek(0)
         printed, complaint = (f.read().decode(errors="replace") for f in (stdout, stderr))
-    lines = printed.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        raise SystemExit(f"child {python} failed (exit {proc.returncode}, {len(lines)} lines printed):\n"
-                         f"{complaint[-3000:]}")
-    out: dict[str, object] = json.loads(lines[-1])
+    out = _result(python, proc.returncode, printed, complaint)
     return out, max(_mb(highest), _mb(out["rss_peak"])) - _mb(out["rss_before"])
 
 
@@ -287,7 +287,7 @@ def main() -> None:
 
     names = [str(p) for p in paths]
     for tree in measured:
-        _compiled(tree or ROOT)
+        compiled(tree or ROOT)
     load_before = os.getloadavg()[0]
     ours = _child(sys.executable, _OURS_CHILD, str(ROOT), "time", *names)
     python_peak = _child(sys.executable, _OURS_CHILD, str(ROOT), "tracemalloc", *names)["python_peak"]

@@ -34,13 +34,14 @@ import collections
 import ctypes
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+from side_by_side import compiled
 
 ROOT = Path(__file__).resolve().parents[1]
 _STAGES = ("load_rank_trace", "hta_compat_for_rank", "build_timeline", "launch_stats", "collect_instances",
@@ -186,7 +187,7 @@ def main() -> None:
     args = ap.parse_args()
     if not (args.tree / "service" / "profiles").is_dir():
         ap.error(f"--tree {args.tree}: no service/profiles there (make one with git worktree add DIR REV)")
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(args.tree / "service")], check=True)
+    compiled(args.tree)
     sys.path.insert(0, str(args.tree.resolve()))
     paths: list[Path] = args.traces
     if args.cpu:
