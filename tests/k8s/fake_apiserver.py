@@ -492,22 +492,22 @@ class FakeApiServer:
             self.objects[(plural, ns, name)] = merged
             return copy.deepcopy(merged)
 
-    def _list(self, res: Resource, ns: str | None, selector: str | None) -> dict[str, Any]:
+    def _list(self, res: Resource, ns: str | None, selector: str | None) -> bytes:
+        """The list answer, serialized while the lock is held: the stored objects are read, never
+        copied (a deep copy of each was nine tenths of a 4,800-item list's time), and no later change
+        can reach the answer."""
         try:
             terms = parse_selector(selector or "")
         except ValueError as exc:
             raise ApiError(400, "BadRequest", str(exc)) from exc
+        builtin = res.kind in BUILTIN_KINDS  # the real server leaves kind/apiVersion off built-in list items
         with self._lock:
-            items = [copy.deepcopy(o) for (p, s, _), o in sorted(self.objects.items())
+            items = [{k: v for k, v in o.items() if k not in ("kind", "apiVersion")} if builtin else o
+                     for (p, s, _), o in sorted(self.objects.items())
                      if p == res.plural and (ns is None or s == ns)
                      and selector_matches(terms, o["metadata"].get("labels") or {})]
-            rv = str(self._rv)
-        if res.kind in BUILTIN_KINDS:  # the real server leaves kind/apiVersion off built-in list items
-            for item in items:
-                item.pop("kind", None)
-                item.pop("apiVersion", None)
-        return {"apiVersion": res.api_version, "kind": f"{res.kind}List", "metadata": {"resourceVersion": rv},
-                "items": items}
+            return json.dumps({"apiVersion": res.api_version, "kind": f"{res.kind}List",
+                               "metadata": {"resourceVersion": str(self._rv)}, "items": items}).encode()
 
     # -- discovery -------------------------------------------------------------------------------
     def discovery(self, path: str) -> dict[str, Any] | None:
@@ -559,7 +559,12 @@ class _Handler(BaseHTTPRequestHandler):
         return
 
     def _send(self, code: int, body: Any, content_type: str = "application/json") -> None:
-        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        if isinstance(body, bytes):  # already serialized (`_list`)
+            data = body
+        elif isinstance(body, str):
+            data = body.encode()
+        else:
+            data = json.dumps(body).encode()
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
