@@ -19,7 +19,7 @@ on write included (the interpreter writes to every object it counts references t
 ratios print: the child's alone (a part of HTA's peak) and the whole tree's (what the machine provides;
 about a lower bound for HTA, since sampling can miss a short peak and pages the workers share only with
 each other count in neither). The memory goal is judged on the whole trees, shardctl's figure being the
-higher of its two runs (`docs/benchmarks.md` says why). HTA starts a worker per rank up to the CPU
+higher of its two runs (`docs/profiles.md` says why). HTA starts a worker per rank up to the CPU
 count, so its whole tree grows with the cores. Both import their code from bytecode: HTA's is compiled
 by pip at install, and shardctl's `service` package is compiled here first (`compileall`, into its
 `__pycache__` folders). Compiling source at import leaves the heap a few hundred KB of freed memory that
