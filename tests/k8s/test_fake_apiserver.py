@@ -151,6 +151,30 @@ def test_label_selectors_through_the_client(fake: FakeApiServer, api_client: Any
     assert {i.metadata.name for i in got.items} == expected
 
 
+def test_a_list_answers_as_a_real_server_and_leaves_the_stored_objects_alone(fake: FakeApiServer) -> None:
+    """Built-in kinds' list items come without kind/apiVersion, a custom resource's with them, and the
+    list takes neither from the objects it stores: a later GET still has both."""
+    _post(fake, "/api/v1/namespaces/team-a/configmaps", {"apiVersion": "v1", "kind": "ConfigMap",
+                                                          "metadata": {"name": "c1"}})
+    js = _examples("jobset.yaml")[0]
+    _post(fake, "/apis/jobset.x-k8s.io/v1alpha2/namespaces/team-a/jobsets", js)
+
+    def get(path: str) -> dict[str, Any]:
+        with urllib.request.urlopen(fake.host + path) as resp:
+            answer: dict[str, Any] = json.loads(resp.read())
+            return answer
+
+    configmaps = get("/api/v1/namespaces/team-a/configmaps")
+    assert (configmaps["kind"], configmaps["apiVersion"]) == ("ConfigMapList", "v1")
+    assert [sorted(item) for item in configmaps["items"]] == [["metadata", "status"]]
+    assert configmaps["items"][0]["metadata"]["name"] == "c1"
+    jobsets = get("/apis/jobset.x-k8s.io/v1alpha2/namespaces/team-a/jobsets")
+    assert [(item["kind"], item["apiVersion"]) for item in jobsets["items"]] == [("JobSet", "jobset.x-k8s.io/v1alpha2")]
+    stored = get("/api/v1/namespaces/team-a/configmaps/c1")
+    assert (stored["kind"], stored["apiVersion"]) == ("ConfigMap", "v1")
+    assert int(configmaps["metadata"]["resourceVersion"]) >= int(stored["metadata"]["resourceVersion"])
+
+
 def test_selector_parser_rejects_garbage() -> None:
     with pytest.raises(ValueError):
         parse_selector("a in b")
