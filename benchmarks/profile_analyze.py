@@ -61,10 +61,37 @@ from side_by_side import add_against, compiled, trees  # noqa: E402
 
 from service.profiles.reader import read_trace  # noqa: E402
 
-# Each child prints one JSON line: {"seconds", "rss_before", "rss_peak", ...}. RSS is read from
-# /proc (VmRSS now, VmHWM peak) so the import baseline can be subtracted.
-_RSS = """
-import resource
+CGROUP_ENV = "SHARDCTL_BENCH_CGROUP"
+
+# Each child prints one JSON line: {"seconds", "rss_before", "rss_peak", "charged", ...}. RSS is read
+# from /proc (VmRSS now, VmHWM peak) so the import baseline can be subtracted. With CGROUP_ENV set
+# (`trace_memory_cgroup.py`: the folder of a cgroup v1 memory cgroup) the child enters that
+# cgroup once its imports are done, and "charged" is the cgroup's peak charge above its charge then.
+_RSS = f"""
+import os, resource
+
+CGROUP = os.environ.get({CGROUP_ENV!r})
+CHARGED_BEFORE = 0
+
+
+def cgroup_value(name):
+    with open(os.path.join(CGROUP, name)) as fh:
+        return int(fh.read())
+
+
+def baseline():
+    global CHARGED_BEFORE
+    if CGROUP:
+        with open(os.path.join(CGROUP, "cgroup.procs"), "w") as fh:
+            fh.write(str(os.getpid()))
+        with open(os.path.join(CGROUP, "memory.max_usage_in_bytes"), "w") as fh:
+            fh.write("0")  # v1: resets the high-water mark to the charge now
+        CHARGED_BEFORE = cgroup_value("memory.usage_in_bytes")
+    return rss("VmRSS:")
+
+
+def charged():
+    return cgroup_value("memory.max_usage_in_bytes") - CHARGED_BEFORE if CGROUP else None
 
 
 def cpu_with_workers():
@@ -83,7 +110,7 @@ def rss(field):
     raise RuntimeError(field)
 """
 
-_OURS_CHILD = _RSS + """
+OURS_CHILD = _RSS + """
 import json, sys, time, tracemalloc
 sys.path.insert(0, sys.argv[1])
 from service.profiles import analyze_traces
@@ -93,19 +120,19 @@ if sys.argv[2] == "tracemalloc":
     analyze_traces(paths)
     print(json.dumps({"python_peak": tracemalloc.get_traced_memory()[1]}))
 else:
-    before = rss("VmRSS:")
+    before = baseline()
     t0, c0 = time.perf_counter(), cpu_with_workers()
     summary = analyze_traces(paths)
     seconds, cpu = time.perf_counter() - t0, cpu_with_workers() - c0
     print(json.dumps({"seconds": seconds, "cpu": cpu, "rss_before": before, "rss_peak": rss("VmHWM:"),
-                      "bound": summary.diagnosis.bound,
+                      "charged": charged(), "bound": summary.diagnosis.bound,
                       "hta": {r: s.hta_compat.model_dump() for r, s in summary.ranks.items()}}))
 """
 
-_HTA_CHILD = _RSS + """
+HTA_CHILD = _RSS + """
 import json, sys, time
 from hta.trace_analysis import TraceAnalysis
-before = rss("VmRSS:")
+before = baseline()
 files = {int(rank): name for rank, name in (arg.split("=", 1) for arg in sys.argv[2:])}
 t0, c0 = time.perf_counter(), cpu_with_workers()
 a = TraceAnalysis(trace_files=files, trace_dir=sys.argv[1])
@@ -113,7 +140,7 @@ breakdown = a.get_temporal_breakdown(visualize=False)
 overlap = a.get_comm_comp_overlap(visualize=False)
 seconds, cpu = time.perf_counter() - t0, cpu_with_workers() - c0
 print(json.dumps({"seconds": seconds, "cpu": cpu, "rss_before": before, "rss_peak": rss("VmHWM:"),
-                  "worker_peak": worker_peak(),
+                  "worker_peak": worker_peak(), "charged": charged(),
                   "hta": {str(r): {"idle_time_pctg": float(i), "compute_time_pctg": float(c),
                                    "non_compute_time_pctg": float(n), "comm_comp_overlap_pctg": float(o)}
                           for r, i, c, n, o in zip(breakdown["rank"], breakdown["idle_time_pctg"],
@@ -142,6 +169,18 @@ def _rank_of(path: Path, index: int) -> int:
     return rank if isinstance(rank, int) else index
 
 
+def trace_folder(paths: list[Path]) -> Path:
+    """The one folder that holds `paths` (HTA reads a trace directory); `SystemExit` naming the fix if not."""
+    if len({p.parent for p in paths}) != 1:
+        raise SystemExit("--traces: put the files in one folder (HTA reads a trace directory)")
+    return paths[0].parent
+
+
+def hta_rank_files(paths: list[Path]) -> list[str]:
+    """HTA_CHILD's arguments after the trace folder: `rank=file name`, since HTA takes ranks from the caller."""
+    return [f"{_rank_of(p, index)}={p.name}" for index, p in enumerate(paths)]
+
+
 def _same(a: float | None, b: float | None) -> bool:
     """Equal figures; HTA's NaN (no communication) is shardctl's None."""
     def norm(x: float | None) -> float | None:
@@ -161,8 +200,9 @@ def _result(python: str, returncode: int, printed: str, complaint: str) -> dict[
     return out
 
 
-def _child(python: str, code: str, *args: str) -> dict[str, object]:
-    res = subprocess.run([python, "-c", code, *args], capture_output=True, check=False)
+def run_child(python: str, code: str, *args: str, env: dict[str, str] | None = None) -> dict[str, object]:
+    """Run `code` (OURS_CHILD, HTA_CHILD) in a child of `python`; what it printed, as `_result` reads it."""
+    res = subprocess.run([python, "-c", code, *args], capture_output=True, check=False, env=env)
     return _result(python, res.returncode, res.stdout.decode(errors="replace"), res.stderr.decode(errors="replace"))
 
 
@@ -246,7 +286,7 @@ def _medians(measured: list[Path | None], names: list[str], runs: int) -> None:
         if run % 2:
             order.reverse()
         for i in order:
-            out = _child(sys.executable, _OURS_CHILD, str(measured[i] or ROOT), "time", *names)
+            out = run_child(sys.executable, OURS_CHILD, str(measured[i] or ROOT), "time", *names)
             rss[i].append(_mb(out["rss_peak"]) - _mb(out["rss_before"]))
             wall[i].append(float(out["seconds"]))  # type: ignore[arg-type]
     for tree, peaks, seconds in zip(measured, rss, wall, strict=True):
@@ -273,9 +313,7 @@ def main() -> None:
         ap.error("--against needs --runs N with N >= 2: one run of a small set is within its noise")
     if args.traces:
         paths = [p.resolve() for p in args.traces]
-        if len({p.parent for p in paths}) != 1:
-            raise SystemExit("--traces: put the files in one folder (HTA reads a trace directory)")
-        trace_dir = paths[0].parent
+        trace_dir = trace_folder(paths)
     else:
         trace_dir = args.dir or Path(tempfile.mkdtemp(prefix="shardctl-profile-bench-"))
         paths = write_rank_traces(trace_dir, world=args.ranks, steps=args.steps, kernels_per_step=args.kernels)
@@ -288,8 +326,8 @@ def main() -> None:
     for tree in measured:
         compiled(tree or ROOT)
     load_before = os.getloadavg()[0]
-    ours = _child(sys.executable, _OURS_CHILD, str(ROOT), "time", *names)
-    python_peak = _child(sys.executable, _OURS_CHILD, str(ROOT), "tracemalloc", *names)["python_peak"]
+    ours = run_child(sys.executable, OURS_CHILD, str(ROOT), "time", *names)
+    python_peak = run_child(sys.executable, OURS_CHILD, str(ROOT), "tracemalloc", *names)["python_peak"]
     ours_mem = _mb(ours["rss_peak"]) - _mb(ours["rss_before"])
     print(f"shardctl: {ours['seconds']:.2f} s wall, {ours['cpu']:.2f} s CPU, "
           f"peak RSS +{ours_mem:.1f} MB over its imports "
@@ -305,15 +343,14 @@ def main() -> None:
         _medians(measured, names, args.runs)
 
 
-def _verdict(ratio: float, goal: float) -> str:
+def verdict(ratio: float, goal: float) -> str:
     return "met" if ratio >= goal else "missed"
 
 
 def _against_hta(hta_python: str, trace_dir: Path, paths: list[Path], ours: dict[str, object], ours_mem: float,
                  load_before: float) -> None:
-    ranks = [_rank_of(p, index) for index, p in enumerate(paths)]  # HTA takes ranks from the caller
-    pairs = [f"{r}={p.name}" for r, p in zip(ranks, paths, strict=True)]
-    hta = _child(hta_python, _HTA_CHILD, str(trace_dir), *pairs)
+    pairs = hta_rank_files(paths)
+    hta = run_child(hta_python, HTA_CHILD, str(trace_dir), *pairs)
     hta_mem = _mb(hta["rss_peak"]) - _mb(hta["rss_before"])
     workers = _mb(hta["worker_peak"])
     print(f"HTA 0.5.0: {hta['seconds']:.2f} s wall, {hta['cpu']:.2f} s CPU (its parsing workers included), "
@@ -323,15 +360,15 @@ def _against_hta(hta_python: str, trace_dir: Path, paths: list[Path], ours: dict
     cpu = float(hta["cpu"]) / float(ours["cpu"])  # type: ignore[arg-type]
     memory = hta_mem / max(ours_mem, 0.1)
     print(f"HTA / shardctl: time {wall:.2f}x wall, {cpu:.2f}x CPU (goal >= {GOAL_SPEEDUP:g}x: "
-          f"{_verdict(min(wall, cpu), GOAL_SPEEDUP)}); peak memory of the child alone {memory:.2f}x "
+          f"{verdict(min(wall, cpu), GOAL_SPEEDUP)}); peak memory of the child alone {memory:.2f}x "
           f"(HTA's parsing workers left out: a part of HTA's peak)")
-    _, hta_tree = _tree_peak(hta_python, _HTA_CHILD, str(trace_dir), *pairs)
-    _, ours_tree = _tree_peak(sys.executable, _OURS_CHILD, str(ROOT), "time", *(str(p) for p in paths))
+    _, hta_tree = _tree_peak(hta_python, HTA_CHILD, str(trace_dir), *pairs)
+    _, ours_tree = _tree_peak(sys.executable, OURS_CHILD, str(ROOT), "time", *(str(p) for p in paths))
     tree = hta_tree / max(ours_tree, ours_mem, 0.1)  # ours: the higher of its two runs
     print(f"whole process trees (a run each, sampled every 1-3 ms: the child's RSS and its workers' private memory, "
           f"what they copied on write included, above the child's imports): HTA +{hta_tree:.1f} MB, "
           f"shardctl +{ours_tree:.1f} MB: {tree:.2f}x, the memory goal's figure "
-          f"(goal >= {GOAL_MEMORY:g}x, i.e. at most a fifth of HTA's peak: {_verdict(tree, GOAL_MEMORY)})")
+          f"(goal >= {GOAL_MEMORY:g}x, i.e. at most a fifth of HTA's peak: {verdict(tree, GOAL_MEMORY)})")
     print(f"background load (1-min load average): {load_before:.1f} before, {os.getloadavg()[0]:.1f} after, "
           f"on {os.cpu_count()} CPUs; CPU-time ratios are the steadier under load")
     keys = ("idle_time_pctg", "compute_time_pctg", "non_compute_time_pctg", "comm_comp_overlap_pctg")
