@@ -29,7 +29,7 @@ from typing import Any
 
 from service.jobenv import PLAN, REVEAL
 from service.redaction import REDACTED, is_secret_env
-from workers.backends import evidence, local_devices, local_logs, local_preemption
+from workers.backends import evidence, jobfiles, local_devices, local_logs, local_preemption
 from workers.backends.base import (
     ArtifactInfo,
     FailureClass,
@@ -69,14 +69,16 @@ def _alive(pid: int) -> bool:
 
 
 def _log_end(path: Path, size: int = 64 * 1024) -> str:
-    """The last `size` bytes of a log as text ("" when it cannot be read)."""
+    """The last `size` bytes of a log as text ("" when it cannot be read: `jobfiles`)."""
     try:
-        with path.open("rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - size))
-            return fh.read().decode(errors="replace")
+        return jobfiles.read_end(path, size).decode(errors="replace")
     except OSError:
         return ""
+
+
+def _json(path: Path) -> Any:
+    """A JSON state file of the attempt folder (`jobfiles`: the job can replace it with anything)."""
+    return json.loads(jobfiles.read_small_text(path))
 
 
 def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -150,13 +152,18 @@ class LocalBackend:
         if not folder.exists():
             return Observation(state=RunState.MISSING)
         try:
-            req = LaunchRequest.model_validate_json((folder / "request.json").read_text())
+            req = LaunchRequest.model_validate_json(jobfiles.read_small_text(folder / "request.json"))
             nodes = [f"{socket.gethostname()}/node{rank}" for rank in range(req.nodes)]
         except (OSError, ValueError):
             nodes = []
         exit_file, state_file = folder / "exit.json", folder / "state.json"
         if exit_file.exists():
-            result = json.loads(exit_file.read_text())
+            try:
+                result = _json(exit_file)
+                int(result["exit_code"])
+            except (OSError, ValueError, TypeError, KeyError):
+                return Observation(state=RunState.FAILED, nodes=nodes, failure=FailureClass.LOST,
+                                   reason="the attempt's exit record is unreadable (exit.json)")
             if result.get("cancelled"):
                 return Observation(state=RunState.CANCELLED, nodes=nodes, failure=FailureClass.CANCELLED,
                                    exit_code=result["exit_code"], reason="cancelled")
@@ -177,8 +184,11 @@ class LocalBackend:
             return self._failed(folder, nodes, result)
         if not state_file.exists():
             return Observation(state=RunState.PENDING)
-        state = json.loads(state_file.read_text())
-        if _alive(int(state["pid"])):
+        try:
+            pid = int(_json(state_file)["pid"])
+        except (OSError, ValueError, TypeError, KeyError):
+            return Observation(state=RunState.PENDING)  # being written, or replaced by the job: read again
+        if _alive(pid):
             return Observation(state=RunState.RUNNING, nodes=nodes)
         if (folder / "cancel.flag").exists():
             return Observation(state=RunState.CANCELLED, nodes=nodes, failure=FailureClass.CANCELLED,
@@ -227,7 +237,10 @@ class LocalBackend:
         (folder / "cancel.flag").touch(mode=0o600)
         state_file = folder / "state.json"
         if state_file.exists():
-            pgid = int(json.loads(state_file.read_text())["pgid"])
+            try:
+                pgid = int(_json(state_file)["pgid"])
+            except (OSError, ValueError, TypeError, KeyError):
+                return
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGTERM)
 

@@ -32,6 +32,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from workers.backends import jobfiles
 from workers.backends.base import LaunchRequest, SubmissionRefused, TransientBackendError
 
 DEVICES_FILE = "devices.json"
@@ -143,7 +144,7 @@ def needed(req: LaunchRequest) -> tuple[Literal["gpu", "cpu"], int, int]:
 def read_assignment(attempt: Path) -> Assignment | None:
     """The attempt's `devices.json`, None when it has none (started without device accounting)."""
     try:
-        return Assignment.model_validate_json((attempt / DEVICES_FILE).read_text())
+        return Assignment.model_validate_json(jobfiles.read_small_text(attempt / DEVICES_FILE))
     except (OSError, ValueError):
         return None
 
@@ -178,11 +179,11 @@ def holds(attempt: Path, now: float) -> Assignment | None:
         return None
     state = attempt / "state.json"
     try:
-        recorded = json.loads(state.read_text())
+        recorded = json.loads(jobfiles.read_small_text(state))
         pid, started_at = int(recorded["pid"]), recorded.get("started_at")
     except FileNotFoundError:
         return assignment if now - assignment.claimed_at < START_GRACE_S else None
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return assignment  # being written: count it, never hand its devices out twice
     return assignment if _supervisor_alive(pid, started_at) else None
 

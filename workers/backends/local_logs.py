@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 from service.joblogs import ArtifactInfo, LogChunk
+from workers.backends import jobfiles
 from workers.backends.base import LaunchRequest
 from workers.backends.logfiles import FileSource, list_folder, read_files, read_in_folder
 
@@ -22,7 +23,7 @@ _NODE_LOG = re.compile(r"^node(\d+)\.log$")
 
 def _request(folder: Path) -> LaunchRequest | None:
     try:
-        return LaunchRequest.model_validate_json((folder / "request.json").read_text())
+        return LaunchRequest.model_validate_json(jobfiles.read_small_text(folder / "request.json"))
     except (OSError, ValueError):
         return None
 

@@ -25,6 +25,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from workers.backends import jobfiles
+
 PREEMPT_FILE = "preempt.json"
 
 
@@ -46,8 +48,8 @@ def request(attempt: Path, grace_s: float) -> bool:
         with os.fdopen(fd, "w") as fh:
             fh.write(body)
     try:
-        pgid = int(json.loads((attempt / "state.json").read_text())["pgid"])
-    except (OSError, ValueError, KeyError):
+        pgid = int(json.loads(jobfiles.read_small_text(attempt / "state.json"))["pgid"])
+    except (OSError, ValueError, KeyError, TypeError):
         return True  # the supervisor has not started its children: it reads preempt.json before it does
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGTERM)
@@ -57,7 +59,7 @@ def request(attempt: Path, grace_s: float) -> bool:
 def requested(attempt: Path) -> PreemptRequest | None:
     """The notice given to `attempt`, if any."""
     try:
-        return PreemptRequest.model_validate_json((attempt / PREEMPT_FILE).read_text())
+        return PreemptRequest.model_validate_json(jobfiles.read_small_text(attempt / PREEMPT_FILE))
     except (OSError, ValueError):
         return None
 

@@ -11,6 +11,7 @@ new in each source in turn, so each source's lines stay in order and the merge i
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -30,6 +31,7 @@ from service.joblogs import (
     safe_relative,
     split_rank,
 )
+from workers.backends import jobfiles
 
 #: Bytes read from one source in one call (a longer line is cut into pieces of this size).
 MAX_READ = 256 * 1024
@@ -58,15 +60,14 @@ def offsets_of(cursor: str | None) -> dict[str, int]:
     return dict(state)
 
 
-def _read(path: Path, offset: int) -> tuple[bytes, bool]:
-    """Up to MAX_READ bytes from `offset`, and whether that reached the end of the file."""
+def _read(path: Path, offset: int) -> tuple[bytes, bool, int]:
+    """Up to MAX_READ bytes from `offset`, whether that reached the end of the file, and its size. A
+    file that cannot be read (absent, not a regular file, too slow: `jobfiles`) reads as empty."""
     try:
-        with path.open("rb") as fh:
-            fh.seek(offset)
-            data = fh.read(MAX_READ + 1)
-    except (FileNotFoundError, IsADirectoryError, PermissionError):
-        return b"", True
-    return data[:MAX_READ], len(data) <= MAX_READ
+        data, size = jobfiles.read_at(path, offset, MAX_READ + 1)
+    except OSError:
+        return b"", True, 0
+    return data[:MAX_READ], len(data) <= MAX_READ, size
 
 
 def read_files(sources: Sequence[FileSource], *, rank: int | None, cursor: str | None, limit: int,
@@ -83,7 +84,7 @@ def read_files(sources: Sequence[FileSource], *, rank: int | None, cursor: str |
             drained = False
             break
         pos = offsets.get(src.key, 0)
-        data, at_end = _read(src.path, pos)
+        data, at_end, size = _read(src.path, pos)
         end = data.rfind(b"\n") + 1
         if not at_end and end == 0:
             end = len(data)  # one line longer than MAX_READ: cut it
@@ -101,16 +102,9 @@ def read_files(sources: Sequence[FileSource], *, rank: int | None, cursor: str |
             lines.append(LogLine(rank=line_rank, stream=src.stream, line=text, cursor=encode_cursor(offsets)))
             if len(lines) >= limit:
                 break
-        if pos < _total(src.path):
+        if pos < size:
             drained = False
     return LogChunk(lines=lines, next_cursor=encode_cursor(offsets), finished=finished and drained)
-
-
-def _total(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
 
 
 # -- artifacts -------------------------------------------------------------------------------------
@@ -133,7 +127,7 @@ def list_folder(root: Path) -> list[ArtifactInfo]:
             st = path.lstat()
         except OSError:
             continue
-        if path.is_symlink() or not path.is_file():
+        if not stat.S_ISREG(st.st_mode):  # links, FIFOs, sockets and devices are no artifacts
             continue
         out.append(ArtifactInfo(path=path.relative_to(root).as_posix(), size=st.st_size,
                                 modified=datetime.fromtimestamp(st.st_mtime, UTC)))
@@ -151,11 +145,10 @@ def read_in_folder(root: Path, path: str, *, max_bytes: int) -> bytes:
     target = (root / rel).resolve()
     if not target.is_relative_to(base):
         raise BadArtifactPath(f"{path!r} leads outside the job's output folder")
-    if not target.is_file():
-        raise ArtifactNotFound(f"no file {path!r} in the job's output folder")
-    size = target.stat().st_size
-    if size > max_bytes:
-        raise ArtifactTooLarge(f"{path!r} is {size} bytes, over the download limit of {max_bytes} bytes"
-                               " (SHARDCTL_MAX_ARTIFACT_BYTES); copy it from the job's folder")
-    with target.open("rb") as fh:
-        return fh.read(max_bytes + 1)[:max_bytes]
+    try:
+        return jobfiles.read_all(target, max_bytes)
+    except jobfiles.FileTooLarge as exc:
+        raise ArtifactTooLarge(f"{path!r} is {exc.size} bytes, over the download limit of {max_bytes} bytes"
+                               " (SHARDCTL_MAX_ARTIFACT_BYTES); copy it from the job's folder") from None
+    except OSError:
+        raise ArtifactNotFound(f"no file {path!r} in the job's output folder") from None

@@ -10,10 +10,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from workers.backends import jobfiles
 from workers.backends.evidence import program_lines
 
 LOG_TAIL_LINES = 30
 LOG_TAIL_CHARS = 8000
+#: Bytes read from the end of each log file for its tail (the job may write without bound).
+LOG_TAIL_READ = 256 * 1024
 
 #: lines that are not the program's: submitit's own INFO/WARNING lines, C++ stack frames, glog noise
 _NOISE = re.compile(r"submitit (INFO|WARNING)|^frame #\d+|^<omitting python frames>|^Exception raised from"
@@ -42,7 +45,7 @@ def log_tail(folder: Path, job_id: str | None, lines: int = LOG_TAIL_LINES) -> s
     for path in log_files(folder, job_id):
         task = path.name.split("_")[1]
         try:
-            raw = path.read_text(errors="replace")
+            raw = jobfiles.read_end(path, LOG_TAIL_READ).decode(errors="replace")
         except OSError:
             continue
         kept = [ln for ln in raw.splitlines() if ln.strip() and not _NOISE.search(ln)]
