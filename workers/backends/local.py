@@ -29,7 +29,7 @@ from typing import Any
 
 from service.jobenv import PLAN, REVEAL
 from service.redaction import REDACTED, is_secret_env
-from workers.backends import evidence, jobfiles, local_devices, local_logs, local_preemption
+from workers.backends import evidence, jobfiles, local_devices, local_logs, local_preemption, local_strays
 from workers.backends.base import (
     ArtifactInfo,
     FailureClass,
@@ -42,6 +42,7 @@ from workers.backends.base import (
     SubmissionRefused,
 )
 from workers.backends.local_supervisor import (
+    job_checkpoint_dir,
     job_environment,
     node_commands,
     open_private_log,
@@ -52,20 +53,6 @@ from workers.backends.local_supervisor import (
 LOG_TAIL_LINES = 30
 _ENDED = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED})
 START_GRACE_S = 30.0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (exited, not yet reaped by its parent) still answers kill(0); /proc tells.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] != "Z"
-    except OSError:
-        return True
 
 
 def _log_end(path: Path, size: int = 64 * 1024) -> str:
@@ -145,7 +132,21 @@ class LocalBackend:
         return Handle(name=name, backend_id=name) if self._dir(name).exists() else None
 
     def poll(self, handles: Sequence[Handle]) -> dict[str, Observation]:
-        return {h.name: self._observe(h.name) for h in handles}
+        """Each attempt's state. An attempt found `lost` (its supervisor died) has whatever of it still
+        runs stopped now (`local_strays`), so that its retry never runs beside it."""
+        out = {}
+        for h in handles:
+            out[h.name] = obs = self._observe(h.name)
+            if obs.failure == FailureClass.LOST:
+                self._stop_strays(h.name)
+        return out
+
+    def _stop_strays(self, name: str) -> None:
+        try:
+            req = LaunchRequest.model_validate_json(jobfiles.read_small_text(self._dir(name) / "request.json"))
+        except (OSError, ValueError):
+            return
+        local_strays.kill(local_strays.processes(job_checkpoint_dir(self.folder, req.job_id), attempt=req.job.attempt))
 
     def _observe(self, name: str) -> Observation:
         folder = self._dir(name)
@@ -188,7 +189,7 @@ class LocalBackend:
             pid = int(_json(state_file)["pid"])
         except (OSError, ValueError, TypeError, KeyError):
             return Observation(state=RunState.PENDING)  # being written, or replaced by the job: read again
-        if _alive(pid):
+        if local_strays.alive(pid):
             return Observation(state=RunState.RUNNING, nodes=nodes)
         if (folder / "cancel.flag").exists():
             return Observation(state=RunState.CANCELLED, nodes=nodes, failure=FailureClass.CANCELLED,

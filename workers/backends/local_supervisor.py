@@ -22,7 +22,7 @@ from types import FrameType
 
 from service.backend_options import LocalOptions, time_limit_seconds
 from service.jobenv import CHECKPOINT_DIR, PREEMPTED_EXIT_CODE
-from workers.backends import local_devices, local_preemption
+from workers.backends import local_devices, local_preemption, local_strays
 from workers.backends.base import LOG_ENV, LaunchRequest, local_path_env, torchrun_command
 
 #: What a local job inherits from the server's environment: enough to run Python and find devices,
@@ -132,7 +132,15 @@ def main(tmp: Path, final: Path) -> int:
     env = job_environment(req, final)
     (final / "out").mkdir(mode=0o700, exist_ok=True)
     job_home(final).mkdir(mode=0o700, exist_ok=True)
-    job_checkpoint_dir(final.parent, req.job_id).mkdir(mode=0o700, parents=True, exist_ok=True)
+    checkpoints = job_checkpoint_dir(final.parent, req.job_id)
+    checkpoints.mkdir(mode=0o700, parents=True, exist_ok=True)
+    launch_error: str | None = None
+    writer_lock: int | None = None
+    try:  # nothing of an earlier attempt may run beside this one, nor write its checkpoints
+        local_strays.stop_earlier(checkpoints, req.job.attempt)
+        writer_lock = local_strays.hold_writer_lock(checkpoints)
+    except TimeoutError as exc:
+        launch_error = f"an earlier attempt of this job could not be stopped: {exc}"
     devices = local_devices.read_assignment(final)  # None: started without device accounting
     preempted_early = local_preemption.requested(final) is not None  # told to stop before anything started
     children: list[subprocess.Popen[bytes]] = []
@@ -149,9 +157,10 @@ def main(tmp: Path, final: Path) -> int:
                 child.terminate()
 
     signal.signal(signal.SIGTERM, on_term)
-    launch_error: str | None = None
     oom_before = oom_kill_count()
-    for rank, command in enumerate([] if preempted_early else node_commands(req, endpoint, final)):
+    start = not preempted_early and launch_error is None
+    inherited_lock = () if writer_lock is None else (writer_lock,)  # the agents hold the lock as long as they run
+    for rank, command in enumerate(node_commands(req, endpoint, final) if start else []):
         if cancelled or (final / "cancel.flag").exists():
             # cancelled while the nodes were starting: start no more (on_term stopped those already started)
             on_term(signal.SIGTERM, None)
@@ -162,7 +171,7 @@ def main(tmp: Path, final: Path) -> int:
             node_env = devices.node_environment(node_env, rank)
         try:
             children.append(subprocess.Popen(command, cwd=final / "out", env=node_env, stdout=log,
-                                             stderr=subprocess.STDOUT,
+                                             stderr=subprocess.STDOUT, pass_fds=inherited_lock,
                                              preexec_fn=_pin(devices.node_cpus(rank) if devices else None)))
         except OSError as exc:  # exec refused it (E2BIG, ENOENT, EACCES): a launch error, reported as such
             launch_error = f"node{rank} could not start {command[0]!r}: {exc}"
@@ -170,7 +179,7 @@ def main(tmp: Path, final: Path) -> int:
             break
         finally:
             os.close(log)  # the child holds its own copy
-    if launch_error is not None:  # the nodes that did start would wait for the missing one: stop them
+    if launch_error is not None and children:  # the nodes that did start would wait for the missing one
         on_term(signal.SIGTERM, None)
     limit = TimeLimit(req, children)
     codes = [child.wait() for child in children] if not preempted_early else [PREEMPTED_EXIT_CODE]
