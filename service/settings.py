@@ -73,6 +73,10 @@ class Settings(BaseSettings):
     calibration_min_runs: int = Field(
         5, ge=1, le=10_000, description="Measured runs of one GPU kind and layout family before its calibration"
         " factors are used by plans (docs/planner.md, \"Calibration\"); below it the model's figures stand.")
+    calibration_scope: Literal["team", "all"] = Field(
+        "team", description="Whose measured runs calibrate a plan: `team`, the submitting team's own (one"
+        " team's reports never move another team's plans); `all`, every team's, one fit for all (set it only"
+        " when every team's jobs are trusted: a job's program can post any report).")
     planner_wait_s: float = Field(
         0.5, ge=0, le=60, description="How long a request waits for a free planning thread before the"
         " 503 (with Retry-After).")

@@ -446,7 +446,8 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.state.known_tokens = KnownTokens()
     app.state.shortcut_threads = ShortcutThreads(settings.shortcut_threads)
     app.state.sessions = make_sessionmaker(engine)
-    app.state.planner.calibration = CalibrationSource(app.state.sessions, min_runs=settings.calibration_min_runs)
+    app.state.planner.calibration = CalibrationSource(app.state.sessions, min_runs=settings.calibration_min_runs,
+                                                      scope=settings.calibration_scope)
     app.state.metrics = make_metrics(app.state.sessions, team_labels=settings.metrics_team_labels)
     app.state.launch_preview = launch_preview
     app.state.log_reader = log_reader

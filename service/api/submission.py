@@ -66,9 +66,9 @@ class PlanRunner:
         self._lock = threading.Lock()  # guards the cache and the running searches
         self._running: dict[str, Future[Plan]] = {}
         self._cache: OrderedDict[str, Plan] = OrderedDict()  # the last PLAN_CACHE plans by canonical spec JSON
-        # Calibration from measurements (issue 16): what plans apply now and its version (the app sets
+        # Calibration from measurements: what a team's plans apply now and its version (the app sets
         # a `service.store.calibration.CalibrationSource`); None: plans are the model's alone.
-        self.calibration: Callable[[], tuple[Calibration, str]] | None = None
+        self.calibration: Callable[[str], tuple[Calibration, str]] | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> PlanRunner:
@@ -153,11 +153,11 @@ def plan_key(spec: TrainingSpec, *, calibration_version: str = "") -> str:
     return spec.model_dump_json(include=PLANNED) + "|calibration=" + calibration_version
 
 
-def cached_plan(spec: TrainingSpec, planner: PlanRunner) -> Plan:
-    """`plan(spec)` on `planner`'s threads and under its budget, remembered for the last few hundred
-    distinct `plan_key`s (planning is pure; teams resubmit the same run under new names). Callers
-    must not mutate the result."""
-    calibration, version = planner.calibration() if planner.calibration is not None else (None, "")
+def cached_plan(spec: TrainingSpec, planner: PlanRunner, team: str) -> Plan:
+    """`plan(spec)` for a job of `team` (whose calibration it applies) on `planner`'s threads and under
+    its budget, remembered for the last few hundred distinct `plan_key`s (planning is pure; teams
+    resubmit the same run under new names). Callers must not mutate the result."""
+    calibration, version = planner.calibration(team) if planner.calibration is not None else (None, "")
     result = planner.plan(plan_key(spec, calibration_version=version), spec, calibration)
     return result.model_copy(update={"name": spec.name})
 
@@ -248,13 +248,14 @@ def team_of(principal: Principal, spec: TrainingSpec) -> str:
     return spec.team or DEFAULT_TEAM
 
 
-def fitting_plan(spec: TrainingSpec, planner: PlanRunner) -> Plan:
-    """The (cached) plan of `spec`; 422 `does_not_fit` with the planner's reasons when no layout fits,
-    422 `needs_runtime_support` when the job runs shardctl's built-in trainer (no `entrypoint`) and the
-    plan needs what that trainer does not implement yet (offload, context parallelism, fp8): the
-    planner puts every layout the trainer runs first, so no such layout fits, and the job would only
-    fail once launched. A user's own program (`entrypoint.command`) may implement them and is let through."""
-    result = cached_plan(spec, planner)
+def fitting_plan(spec: TrainingSpec, planner: PlanRunner, team: str) -> Plan:
+    """The (cached) plan of `spec` for a job of `team`; 422 `does_not_fit` with the planner's reasons
+    when no layout fits, 422 `needs_runtime_support` when the job runs shardctl's built-in trainer (no
+    `entrypoint`) and the plan needs what that trainer does not implement yet (offload, context
+    parallelism, fp8): the planner puts every layout the trainer runs first, so no such layout fits,
+    and the job would only fail once launched. A user's own program (`entrypoint.command`) may
+    implement them and is let through."""
+    result = cached_plan(spec, planner, team)
     if not result.fits:
         raise ApiError(422, "does_not_fit", "no layout fits: " + "; ".join(result.reasons),
                        details={"reasons": result.reasons, "min_gpus_to_fit": result.min_gpus_to_fit,
@@ -315,7 +316,7 @@ def submit_job(db: sessionmaker[Session], principal: Principal, spec: TrainingSp
         if replay is not None:
             return replay
 
-    result = fitting_plan(spec, planner)
+    result = fitting_plan(spec, planner, team_name)
     stored_spec = spec.model_copy(update={"team": team_name})
     try:
         with db.begin() as session:
@@ -393,7 +394,7 @@ def submit_batch(db: sessionmaker[Session], principal: Principal, specs: list[Tr
         try:
             check_backend(spec, configured)
             team_name = team_of(principal, spec)
-            prepared.append(Prepared(spec, team_name, fitting_plan(spec, planner)))
+            prepared.append(Prepared(spec, team_name, fitting_plan(spec, planner, team_name)))
         except InvalidSpec as exc:
             refused.append((index, ApiError(422, INVALID_SPEC, str(exc), fields=[
                 ErrorField(loc=p.path, message=p.message) for p in exc.problems])))

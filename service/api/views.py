@@ -20,9 +20,9 @@ from service.api.schemas import (
     TokenOut,
 )
 from service.jobenv import MeasurementKind
+from service.planner.calibration import prediction_error
 from service.redaction import REDACTED
 from service.spec import TrainingSpec
-from service.store.calibration import job_prediction_error
 from service.store.jobs import JobDetail, latest_measurements
 from service.store.models import ApiToken, Event, Job, Team
 
@@ -88,7 +88,7 @@ def detail_out(detail: JobDetail) -> JobOut:
                              created_at=a.created_at, finished_at=a.finished_at, failure=a.failure,
                              log_tail=a.log_tail) for a in detail.attempts],
         measurements={m.kind: MeasurementOut(kind=m.kind, at=m.at, data=m.data) for m in detail.measured},
-        prediction_error=job_prediction_error(job.plan, report.data if report is not None else None),
+        prediction_error=prediction_error(job.plan, report.data if report is not None else None),
     )
 
 

@@ -28,8 +28,9 @@ def _factor(f: dict[str, Any] | None, min_runs: int) -> tuple[str, str]:
 
 def calibration_table(doc: dict[str, Any]) -> Table:
     """One row per GPU kind and family: runs, factors, mean absolute error before -> after."""
+    whose = f"team {doc['team']}" if doc.get("team") else "every team's runs"
     table = Table("gpu", "family", "runs", "step time", "step error", "peak memory", "memory error",
-                  title=f"Calibration (a factor is used from {doc['min_runs']} runs)")
+                  title=f"Calibration of {whose} (a factor is used from {doc['min_runs']} runs)")
     for g in doc["groups"]:
         step, step_err = _factor(g["step"], doc["min_runs"])
         mem, mem_err = _factor(g["memory"], doc["min_runs"])
@@ -37,13 +38,15 @@ def calibration_table(doc: dict[str, Any]) -> Table:
     return table
 
 
-def calibrate(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
-    """The calibration factors per GPU kind and layout family: runs, factor, error before -> after.
+def calibrate(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+              team: Annotated[str | None, typer.Option("--team", help="The team (admins; members see their own).")]
+              = None) -> None:
+    """A team's calibration factors per GPU kind and layout family: runs, factor, error before -> after.
 
-    Factors come from succeeded jobs' measured step time and peak memory (median of measured /
-    predicted); plans submitted to the server use a family's factors once it has enough runs."""
+    Factors come from the team's succeeded jobs' measured step time and peak memory (median of measured
+    / predicted by the job's stored plan); the team's plans use a family's factors once it has enough runs."""
     try:
-        doc = Api().request("GET", "/v1/calibration")
+        doc = Api().request("GET", "/v1/calibration", params={"team": team} if team else None)
     except CliError as exc:
         print_error(err, str(exc))
         raise typer.Exit(exc.exit_code) from None

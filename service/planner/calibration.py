@@ -10,10 +10,15 @@ The rules (docs/planner.md, "Calibration"):
 - **Family** (`family`): the sharding kind (`ddp`; `zero` for zero1/zero2; `fsdp` for zero3, fsdp
   and hsdp), then `+tp`, `+pp`, `+cp` for each parallel dimension above 1 and `+offload` when
   offloading, e.g. `fsdp+tp+pp`. Layouts of one family share their error's causes.
+- **Samples**: a succeeded run's measured figures against the prediction of the plan the server
+  stored for it (`sample_of`); nothing the job reports besides its measurements is read, and a
+  measurement more than 100x off the prediction is dropped (`PLAUSIBLE_RATIO`).
 - **Fit**: the factor is exp(median(ln(measured / predicted))) over a group's newest
   `window` runs, separately for step time and peak memory. A median moves only when half the runs
   move: a few wild runs (a noisy neighbour, a stuck rank) do not change it beyond the range of
-  the others.
+  the others. The factor is then held within `STEP_FACTOR_RANGE` or `MEMORY_FACTOR_RANGE`.
+- **Scope**: which runs a calibration is fitted from (one team's, or every team's) is the store's
+  choice (`service.store.calibration`); this module fits whatever samples it is given.
 - **Use**: a factor is used only when its group has at least `min_runs` runs (default 5); below
   that the plan is made as without calibration and says so.
 - **Apply**: the step-time factor multiplies every part of a candidate's step time (so ranking and
@@ -33,6 +38,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field
 
 from service.planner.layout import Layout
+from service.planner.result import Plan
 from service.planner.search import DIMENSIONS, Candidate, Context, SearchResult, choose
 from service.planner.timing import StepTime
 
@@ -72,12 +78,15 @@ class Factor(BaseModel):
     """One fitted correction: measured = value x predicted, from `runs` runs.
 
     `error_before` and `error_after` are mean absolute percentage errors (0.12 = 12%) of those runs
-    against the model and against the model times `value` (in-sample)."""
+    against the model and against the model times `value` (in-sample). `capped`: the runs' median
+    lay outside the factor's range (`STEP_FACTOR_RANGE`, `MEMORY_FACTOR_RANGE`) and `value` is the
+    range's nearest end."""
 
     value: float
     runs: int
     error_before: float
     error_after: float
+    capped: bool = False
 
 
 class GroupCalibration(BaseModel):
@@ -115,15 +124,16 @@ class Calibration(BaseModel):
             f is not None and f.runs >= self.min_runs for f in (g.step, g.memory))]
 
 
-def _factor(pairs: list[tuple[float, float]]) -> Factor | None:
-    """The median-of-log-ratios fit of (predicted, measured) pairs."""
+def _factor(pairs: list[tuple[float, float]], bounds: tuple[float, float]) -> Factor | None:
+    """The median-of-log-ratios fit of (predicted, measured) pairs, held within `bounds`."""
     pairs = [(p, m) for p, m in pairs if p > 0 and m > 0 and 0 < m / p < math.inf]  # m / p may under/overflow
     if not pairs:
         return None
-    value = math.exp(statistics.median(math.log(m / p) for p, m in pairs))
+    median = math.exp(statistics.median(math.log(m / p) for p, m in pairs))
+    value = min(max(median, bounds[0]), bounds[1])
     before = statistics.fmean(abs(m / p - 1) for p, m in pairs)
     after = statistics.fmean(abs(m / (p * value) - 1) for p, m in pairs)
-    return Factor(value=value, runs=len(pairs), error_before=before, error_after=after)
+    return Factor(value=value, runs=len(pairs), error_before=before, error_after=after, capped=value != median)
 
 
 def fit(samples: Iterable[Sample], *, min_runs: int = DEFAULT_MIN_RUNS, window: int = DEFAULT_WINDOW) -> Calibration:
@@ -134,9 +144,10 @@ def fit(samples: Iterable[Sample], *, min_runs: int = DEFAULT_MIN_RUNS, window: 
     groups = []
     for (gpu, fam), runs in sorted(grouped.items()):
         recent = runs[-window:]
-        step = _factor([(s.predicted_step_s, s.measured_step_s) for s in recent if s.measured_step_s is not None])
+        step = _factor([(s.predicted_step_s, s.measured_step_s) for s in recent if s.measured_step_s is not None],
+                       STEP_FACTOR_RANGE)
         mem = _factor([(s.predicted_peak_bytes, s.measured_peak_bytes) for s in recent
-                       if s.measured_peak_bytes is not None])
+                       if s.measured_peak_bytes is not None], MEMORY_FACTOR_RANGE)
         groups.append(GroupCalibration(gpu=gpu, family=fam, runs=len(recent), step=step, memory=mem))
     return Calibration(min_runs=min_runs, groups=groups)
 
@@ -239,8 +250,13 @@ def apply(ctx: Context, results: list[SearchResult], calibration: Calibration) -
 
 #: The measured/predicted ratios a sample may have. The model is never off by 100x: a report
 #: outside is broken or forged (a job's own program holds its token and may post any report), and
-#: one such sample must not move a factor every later plan of that GPU kind uses.
+#: such a sample is dropped.
 PLAUSIBLE_RATIO = (0.01, 100.0)
+#: The range a fitted step-time factor is held to, however the runs measured.
+STEP_FACTOR_RANGE = (0.1, 10.0)
+#: The range a fitted memory factor is held to: calibration may at most halve or double the memory a
+#: layout is said to need, so no set of reports can make a plan claim several times the GPU's memory.
+MEMORY_FACTOR_RANGE = (0.5, 2.0)
 
 
 class _Reported(BaseModel):
@@ -249,33 +265,18 @@ class _Reported(BaseModel):
     model_config = ConfigDict(allow_inf_nan=False)
 
 
-class _Predicted(_Reported):
-    step_s: float
-    peak_allocated: float
-
-
 class _Measured(_Reported):
     step_s: float | None = None
     peak: float | None = None
 
 
-class _Layout(_Reported):
-    """What `family` reads of the report's layout."""
-
-    sharding: str = "ddp"
-    tp: int = Field(1, ge=1)
-    pp: int = Field(1, ge=1)
-    cp: int = Field(1, ge=1)
-    offload: str = "none"
-
-
 class ReportedRun(_Reported):
     """The parts of a runtime report (`workers.runtime.report.Report`, posted as a `report`
-    measurement) that calibration reads; everything else is ignored."""
+    measurement) that calibration reads: whether the run succeeded and what it measured. The report's
+    own `predicted` figures and `layout` are never read: the prediction and the layout are those of
+    the plan the server stored for the job."""
 
     status: str
-    layout: _Layout
-    predicted: _Predicted | None = None
     measured: _Measured = Field(default_factory=_Measured)
 
     @classmethod
@@ -287,23 +288,28 @@ class ReportedRun(_Reported):
             return None
 
 
-def sample_of(report: ReportedRun, gpu: str, *, step_factor: float = 1.0) -> Sample | None:
-    """The calibration sample of a succeeded run, or None (failed, or nothing measured).
+def model_prediction(plan: Plan) -> tuple[float, float]:
+    """The model's own step time (before any calibration the plan applied) and peak allocated bytes
+    (`memory.total` less the runtime's overhead and the allocator margin, as the runtime measures)."""
+    step = plan.calibration.model_step_s if plan.calibration is not None else plan.time.step_s
+    m = plan.memory
+    return step, float(m.total - m.runtime_overhead - m.allocator_margin)
 
-    `step_factor` is the factor the job's plan applied to its step time (`Plan.calibration`): the
-    report's predicted step time is divided by it, so samples always hold the model's own
-    prediction and a calibration never fits its own corrections. (A plan's memory breakdown is
-    always the model's: the calibrated total is kept beside it.)"""
-    p, m = report.predicted, report.measured
-    if report.status != "succeeded" or p is None or p.step_s <= 0 or p.peak_allocated <= 0:
+
+def sample_of(report: ReportedRun, plan: Plan, gpu: str) -> Sample | None:
+    """The calibration sample of a succeeded run of the stored `plan` on `gpu`, or None (failed,
+    nothing measured, or every figure implausible). The sample holds the model's own prediction, so
+    a calibration never fits its own corrections."""
+    predicted_step, predicted_peak = model_prediction(plan)
+    m = report.measured
+    if report.status != "succeeded" or predicted_step <= 0 or predicted_peak <= 0:
         return None
-    predicted_step = p.step_s / step_factor
     step = _plausible(m.step_s, predicted_step)
-    peak = _plausible(m.peak, p.peak_allocated)
+    peak = _plausible(m.peak, predicted_peak)
     if step is None and peak is None:
         return None
-    return Sample(gpu=gpu, family=family(report.layout.model_dump()), predicted_step_s=predicted_step,
-                  measured_step_s=step, predicted_peak_bytes=p.peak_allocated, measured_peak_bytes=peak)
+    return Sample(gpu=gpu, family=family(plan.layout), predicted_step_s=predicted_step, measured_step_s=step,
+                  predicted_peak_bytes=predicted_peak, measured_peak_bytes=peak)
 
 
 def _measured(value: float | None) -> float | None:
@@ -342,23 +348,28 @@ class PredictionError(BaseModel):
         return None if self.memory_ratio is None else self.memory_ratio - 1
 
 
-def prediction_error(report: ReportedRun, *, calibrated: bool = False,
-                     memory_factor: float = 1.0) -> PredictionError | None:
-    """The job's prediction error from its report, or None when the report has no prediction.
-    The predicted peak is the model's times `memory_factor`, the factor its plan applied."""
-    p, m = report.predicted, report.measured
-    if p is None:
+def prediction_error(plan: Plan, report: Mapping[str, Any] | None) -> PredictionError | None:
+    """The job's stored `plan` against what its newest `report` measured (None: no report, or not one).
+    The prediction is the plan's own figures, calibrated where the plan was: its step time, and the
+    model's peak allocated bytes times the memory factor it applied."""
+    run = ReportedRun.parse(report) if report is not None else None
+    if run is None:
         return None
-    predicted_peak = p.peak_allocated * memory_factor
-    step, peak = _measured(m.step_s), _measured(m.peak)
+    use = plan.calibration
+    # Calibrated: its own figures carry a factor (`used` alone may mean other families re-ranked it).
+    calibrated = use is not None and (use.step_factor != 1.0 or use.memory_factor != 1.0)
+    predicted_step = plan.time.step_s
+    predicted_peak = model_prediction(plan)[1] * (use.memory_factor if use is not None else 1.0)
+    step, peak = _measured(run.measured.step_s), _measured(run.measured.peak)
     return PredictionError(
-        predicted_step_s=p.step_s, measured_step_s=step,
-        step_ratio=None if step is None or p.step_s <= 0 else step / p.step_s,
+        predicted_step_s=predicted_step, measured_step_s=step,
+        step_ratio=None if step is None or predicted_step <= 0 else step / predicted_step,
         predicted_peak_bytes=int(predicted_peak), measured_peak_bytes=None if peak is None else int(peak),
         memory_ratio=None if peak is None or predicted_peak <= 0 else peak / predicted_peak,
         calibrated=calibrated)
 
 
-__all__ = ["DEFAULT_MIN_RUNS", "DEFAULT_WINDOW", "PLAUSIBLE_RATIO", "Calibration", "Factor", "GroupCalibration",
+__all__ = ["DEFAULT_MIN_RUNS", "DEFAULT_WINDOW", "MEMORY_FACTOR_RANGE", "PLAUSIBLE_RATIO", "STEP_FACTOR_RANGE",
+           "Calibration", "Factor", "GroupCalibration",
            "PredictionError", "ReportedRun", "Sample", "apply", "calibrate_candidate", "family", "fit",
-           "prediction_error", "sample_of", "scale_time", "search_contexts"]
+           "model_prediction", "prediction_error", "sample_of", "scale_time", "search_contexts"]

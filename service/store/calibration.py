@@ -1,11 +1,17 @@
 """Calibration in the store: samples read incrementally from finished runs' reports, and the fit.
 
-Each succeeded job's first plausible `report` measurement becomes one `CalibrationSample` (the model's
-own prediction and what was measured, `service.planner.calibration.sample_of`). `refresh` reads only
-the reports added since its cursor, so its cost follows what is new, not how many jobs the store
-holds; `current` fits from at most `window` newest samples per GPU kind and family, and keeps the
-fit in memory until a new sample arrives. A report committed with a smaller id after the cursor
-passed it (two writers racing on PostgreSQL) is not read: one sample fewer, never a wrong one.
+Each succeeded job's first plausible `report` measurement becomes one `CalibrationSample`: what the
+run measured against the prediction of the plan the server stored for the job
+(`service.planner.calibration.sample_of`), under the job's team. `refresh` reads only the reports
+added since its cursor, so its cost follows what is new, not how many jobs the store holds;
+`current` fits from at most `window` newest samples per GPU kind and family, and keeps the fit in
+memory until a new sample arrives. A report committed with a smaller id after the cursor passed it
+(two writers racing on PostgreSQL) is not read: one sample fewer, never a wrong one.
+
+**Scope.** A job's program holds its token and can post any measurement, so one team's reports must
+not move another team's plans. With the scope `team` (the default, `SHARDCTL_CALIBRATION_SCOPE`) a
+team's plans use the factors fitted from its own runs only; with `all` an admin has said that every
+team's runs are trusted, and every plan uses one fit of them all.
 """
 
 from __future__ import annotations
@@ -15,9 +21,9 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, func, select, true
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, sessionmaker
@@ -27,16 +33,14 @@ from service.planner.calibration import (
     DEFAULT_MIN_RUNS,
     DEFAULT_WINDOW,
     Calibration,
-    PredictionError,
     ReportedRun,
     Sample,
     fit,
-    prediction_error,
     sample_of,
 )
 from service.planner.result import Plan
 from service.store.calibration_models import CalibrationCursor, CalibrationSample
-from service.store.models import Job, Measurement
+from service.store.models import Job, Measurement, Team
 
 log = logging.getLogger(__name__)
 BATCH = 1000
@@ -71,7 +75,7 @@ def refresh(session: Session) -> int:
     added = 0
     while True:
         rows = session.execute(
-            select(Measurement.id, Measurement.job_id, Measurement.data, Job.gpu, Job.plan)
+            select(Measurement.id, Measurement.job_id, Measurement.data, Job.gpu, Job.plan, Job.team_id)
             .join(Job, Job.id == Measurement.job_id)
             .where(Measurement.id > cursor.scanned_through, Measurement.kind == MeasurementKind.REPORT)
             .order_by(Measurement.id).limit(BATCH)).all()
@@ -80,12 +84,11 @@ def refresh(session: Session) -> int:
         values: list[dict[str, Any]] = []
         sampled = set(session.scalars(select(CalibrationSample.job_id).where(
             CalibrationSample.job_id.in_({row[1] for row in rows}))))
-        for mid, job_id, data, gpu, plan in rows:
+        for mid, job_id, data, gpu, plan, team_id in rows:
             sample = _sample(data, gpu, plan) if job_id not in sampled else None
             if sample is not None:
                 sampled.add(job_id)
-                values.append({"measurement_id": mid, "job_id": job_id, **sample.model_dump(exclude={"gpu"}),
-                               "gpu": sample.gpu})
+                values.append({"measurement_id": mid, "job_id": job_id, "team_id": team_id, **sample.model_dump()})
         if values:
             session.execute(insert(CalibrationSample).values(values)
                             .on_conflict_do_nothing(index_elements=["measurement_id"]))
@@ -99,17 +102,26 @@ def refresh(session: Session) -> int:
 
 def _sample(data: Mapping[str, Any], gpu: str, plan: Plan) -> Sample | None:
     report = ReportedRun.parse(data)
-    if report is None:
-        return None
-    use = plan.calibration
-    return sample_of(report, gpu, step_factor=use.step_factor if use is not None else 1.0)
+    return None if report is None else sample_of(report, plan, gpu)
 
 
-def samples(session: Session, *, window: int = DEFAULT_WINDOW) -> list[Sample]:
-    """The newest `window` samples of each GPU kind and family, oldest first within each."""
+#: `team`: a team's plans use its own runs only; `all`: every team's runs, one fit for all.
+Scope = Literal["team", "all"]
+
+
+def _of_team(team: str | None) -> ColumnElement[bool]:
+    """The samples of team `team`'s jobs (none when there is no such team); every sample for None."""
+    if team is None:
+        return true()
+    return CalibrationSample.team_id == select(Team.id).where(Team.name == team).scalar_subquery()
+
+
+def samples(session: Session, *, team: str | None = None, window: int = DEFAULT_WINDOW) -> list[Sample]:
+    """The newest `window` samples of each GPU kind and family, oldest first within each: those of
+    team `team`'s jobs, or of every team's when None."""
     order = func.row_number().over(partition_by=(CalibrationSample.gpu, CalibrationSample.family),
                                    order_by=CalibrationSample.measurement_id.desc()).label("n")
-    inner = select(CalibrationSample, order).subquery()
+    inner = select(CalibrationSample, order).where(_of_team(team)).subquery()
     rows = session.execute(select(inner).where(inner.c.n <= window)
                            .order_by(inner.c.gpu, inner.c.family, inner.c.measurement_id)).mappings()
     return [Sample(gpu=r["gpu"], family=r["family"], predicted_step_s=r["predicted_step_s"],
@@ -117,23 +129,24 @@ def samples(session: Session, *, window: int = DEFAULT_WINDOW) -> list[Sample]:
                    measured_peak_bytes=r["measured_peak_bytes"]) for r in rows]
 
 
-_fits: dict[tuple[str, int, int], tuple[tuple[int, int], Calibration]] = {}
+_fits: dict[tuple[str, str | None, int, int], tuple[tuple[int, int], Calibration]] = {}
 _fits_lock = threading.Lock()
 
 
-def current(session: Session, *, min_runs: int = DEFAULT_MIN_RUNS, window: int = DEFAULT_WINDOW) -> Calibration:
-    """The calibration of everything measured so far (refreshing first). The fit is remembered per
-    database and reused until a sample is added."""
+def current(session: Session, *, team: str | None = None, min_runs: int = DEFAULT_MIN_RUNS,
+            window: int = DEFAULT_WINDOW) -> Calibration:
+    """The calibration of team `team`'s runs measured so far, or of every team's when None (refreshing
+    first). The fit is remembered per database and team and reused until one of its samples is added."""
     refresh(session)
     newest = session.execute(select(func.max(CalibrationSample.measurement_id), func.count())
-                             .select_from(CalibrationSample)).one()
+                             .select_from(CalibrationSample).where(_of_team(team))).one()
     version = (int(newest[0] or 0), int(newest[1]))
-    key = (str(session.get_bind().engine.url), min_runs, window)
+    key = (str(session.get_bind().engine.url), team, min_runs, window)
     with _fits_lock:
         held = _fits.get(key)
     if held is not None and held[0] == version:
         return held[1]
-    calibration = fit(samples(session, window=window), min_runs=min_runs, window=window)
+    calibration = fit(samples(session, team=team, window=window), min_runs=min_runs, window=window)
     with _fits_lock:
         _fits[key] = (version, calibration)
     return calibration
@@ -145,45 +158,40 @@ def version(calibration: Calibration) -> str:
 
 
 class CalibrationSource:
-    """What planning applies now: `current` and its `version`, read from the store at most once per
-    `ttl_s` (planning many specs in a burst costs no query each; a new run counts within `ttl_s`)."""
+    """What planning for a team applies now: `current` and its `version` under the `scope`, read from
+    the store at most once per `ttl_s` and team (planning many specs in a burst costs no query each;
+    a new run counts within `ttl_s`)."""
 
     def __init__(self, sessions: sessionmaker[Session], *, min_runs: int = DEFAULT_MIN_RUNS,
-                 ttl_s: float = 2.0) -> None:
-        self.sessions, self.min_runs, self.ttl_s = sessions, min_runs, ttl_s
+                 scope: Scope = "team", ttl_s: float = 2.0) -> None:
+        self.sessions, self.min_runs, self.scope, self.ttl_s = sessions, min_runs, scope, ttl_s
         self._lock = threading.Lock()
-        self._held: tuple[float, Calibration, str] | None = None
+        self._held: dict[str | None, tuple[float, Calibration, str]] = {}
 
-    def __call__(self) -> tuple[Calibration, str]:
-        """Never raises: should the store fail to give a calibration, planning goes on with the last one
-        read (none at first: the model's own figures), and the failure is logged."""
+    def fitted_for(self, team: str) -> str | None:
+        """Whose runs a plan of `team` is calibrated from: `team`, or None for every team's."""
+        return team if self.scope == "team" else None
+
+    def __call__(self, team: str) -> tuple[Calibration, str]:
+        """The calibration a plan of `team` uses. Never raises: should the store fail to give one,
+        planning goes on with the last one read (none at first: the model's own figures), and the
+        failure is logged."""
+        key = self.fitted_for(team)
         now = time.monotonic()
         with self._lock:
-            held = self._held
+            held = self._held.get(key)
         if held is not None and now - held[0] < self.ttl_s:
             return held[1], held[2]
         try:
             with self.sessions.begin() as session:
-                cal = current(session, min_runs=self.min_runs)
+                cal = current(session, team=key, min_runs=self.min_runs)
         except Exception:
             log.exception("calibration could not be read; planning without new measurements")
             cal = held[1] if held is not None else Calibration(min_runs=self.min_runs)
         pair = (cal, held[2] if held is not None and held[1] is cal else version(cal))
         with self._lock:
-            self._held = (now, *pair)
+            self._held[key] = (now, *pair)
         return pair
 
 
-def job_prediction_error(plan: Plan, report: Mapping[str, Any] | None) -> PredictionError | None:
-    """A job's plan against its newest report (None: no report, or one without a prediction)."""
-    run = ReportedRun.parse(report) if report is not None else None
-    if run is None:
-        return None
-    use = plan.calibration
-    # Calibrated: its own figures carry a factor (`used` alone may mean other families re-ranked it).
-    applied = use is not None and (use.step_factor != 1.0 or use.memory_factor != 1.0)
-    return prediction_error(run, calibrated=applied,
-                            memory_factor=use.memory_factor if use is not None else 1.0)
-
-
-__all__ = ["CalibrationSource", "current", "job_prediction_error", "refresh", "samples", "version"]
+__all__ = ["CalibrationSource", "Scope", "current", "refresh", "samples", "version"]

@@ -15,13 +15,17 @@ from service.store.models import Base, BigId, UtcDateTime, utcnow
 
 
 class CalibrationSample(Base):
-    """The model's prediction (before calibration) and the measurement of one succeeded run."""
+    """The model's prediction (before calibration, from the job's stored plan) and the measurement of
+    one succeeded run of team `team_id`'s."""
 
     __tablename__ = "calibration_samples"
-    __table_args__ = (Index("ix_calibration_samples_gpu_family_measurement_id", "gpu", "family", "measurement_id"),)
+    __table_args__ = (Index("ix_calibration_samples_gpu_family_measurement_id", "gpu", "family", "measurement_id"),
+                      Index("ix_calibration_samples_team_id_gpu_family_measurement_id",
+                            "team_id", "gpu", "family", "measurement_id"))
 
     measurement_id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=False)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
+    team_id: Mapped[int] = mapped_column(BigId, ForeignKey("teams.id"))
     gpu: Mapped[str] = mapped_column(String(64))
     family: Mapped[str] = mapped_column(String(64))
     predicted_step_s: Mapped[float] = mapped_column(Float)

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from service.planner.calibration import family
+from service.planner.calibration import MEMORY_FACTOR_RANGE, STEP_FACTOR_RANGE, family
 from service.planner.result import Plan
 from service.store import calibration as store_calibration
-from tests.db_fixtures import Env
+from tests.db_fixtures import Env, app_env
 from tests.reports import report
 from tests.specs import tiny
 
@@ -174,7 +174,8 @@ def test_no_report_a_jobs_program_posts_breaks_planning_or_outweighs_other_jobs(
         fresh: Env, admin: dict[str, str]) -> None:
     """A job's own program holds its token and may post any report: one that is not a report, or whose
     figures are implausible (measured/predicted outside `PLAUSIBLE_RATIO`), gives no sample and planning
-    goes on; a job posting many reports gives one sample."""
+    goes on; a job posting many reports gives one sample; the report's own prediction and layout are
+    never read, the job's stored plan is."""
     env = fresh
     job_id, plan = submit(env, admin, "forger")
     good = report(plan, step=1.0, memory=1.0)
@@ -183,16 +184,84 @@ def test_no_report_a_jobs_program_posts_breaks_planning_or_outweighs_other_jobs(
         r = env.client.post(f"/v1/jobs/{job}/measurements", json={"kind": "report", "data": data}, headers=admin)
         assert r.status_code == 201, r.text
 
-    post(job_id, {**good, "layout": {"tp": "x"}})
-    post(job_id, {**good, "predicted": {**good["predicted"], "step_s": 1e308},
-                  "measured": {"step_s": 5e-324, "peak": 5e-324}})
+    post(job_id, {**good, "measured": "fast"})
+    post(job_id, {**good, "measured": {"step_s": 5e-324, "peak": 5e-324}})
     post(job_id, {**good, "measured": {"step_s": good["measured"]["step_s"] * 1000, "peak": 1.0}})
     assert calibration(env, admin)["groups"] == []
     submit(env, admin, "still-planned")  # planning reads calibration on every submission here (ttl 0)
 
-    for _ in range(6):
-        post(job_id, report(plan, step=2.0, memory=1.0))
+    forged = {**report(plan, step=2.0, memory=1.0), "layout": {"sharding": "zero3", "tp": 4},
+              "predicted": {**good["predicted"], "step_s": 1e-6, "peak_allocated": 1.0}}
+    post(job_id, forged)
+    for _ in range(5):
+        post(job_id, report(plan, step=3.0, memory=1.0))
     [group] = calibration(env, admin)["groups"]
-    assert group["runs"] == 1 and group["step"]["value"] == pytest.approx(2.0)
+    assert group["family"] == family(plan.layout) and group["runs"] == 1
+    assert group["step"]["value"] == pytest.approx(2.0) and group["memory"]["value"] == pytest.approx(1.0)
     _, planned = submit(env, admin, "after")
     assert planned.calibration is not None and not planned.calibration.used
+
+
+def post_report(env: Env, headers: dict[str, str], spec: dict[str, Any], *, step: float, memory: float) -> Plan:
+    r = env.client.post("/v1/jobs", json=spec, headers=headers)
+    assert r.status_code == 201, r.text
+    planned, job_id = Plan.model_validate(r.json()["plan"]), r.json()["id"]
+    job_token = env.headers(env.token("job", job_id=job_id))  # what the job's own program holds
+    r = env.client.post(f"/v1/jobs/{job_id}/measurements", headers=job_token,
+                        json={"kind": "report", "data": report(planned, step=step, memory=memory)})
+    assert r.status_code == 201, r.text
+    return planned
+
+
+def plan_of(env: Env, headers: dict[str, str], spec: dict[str, Any]) -> dict[str, Any]:
+    r = env.client.post("/v1/plans", json=spec, headers=headers)
+    assert r.status_code == 200, r.text
+    doc: dict[str, Any] = r.json()
+    return doc
+
+
+def test_one_teams_forged_reports_leave_another_teams_plans_unchanged(fresh: Env) -> None:
+    """Six jobs of team A each post a report measuring 99x the prediction: team B's plans, dry runs and
+    submissions stay the model's; team A's own are calibrated within the factors' ranges."""
+    env = fresh
+    team_a = env.headers(env.token("member", team="team-a"))
+    team_b = env.headers(env.token("member", team="team-b"))
+    spec = tiny(name="same-run")
+    before = plan_of(env, team_b, spec)
+    plans = [post_report(env, team_a, spec, step=99.0, memory=99.0) for _ in range(6)]
+    first = plans[0]
+    after = plan_of(env, team_b, spec)
+    assert after["layout"] == before["layout"] and after["fits"]
+    assert after["time"]["step_s"] == before["time"]["step_s"]
+    assert after["calibration"]["used"] is False and after["calibration"]["runs"] == 0
+    r = env.client.post("/v1/jobs", json=spec, headers=team_b)
+    assert r.status_code == 201 and r.json()["plan"]["time"]["step_s"] == before["time"]["step_s"]
+    assert calibration(env, team_b)["groups"] == [] and calibration(env, team_b)["team"] == "team-b"
+
+    doc = calibration(env, team_a)
+    [group] = [g for g in doc["groups"] if g["family"] == family(first.layout)]
+    assert doc["team"] == "team-a" and group["runs"] >= 5
+    assert group["step"]["value"] == STEP_FACTOR_RANGE[1] and group["step"]["capped"]
+    assert group["memory"]["value"] == MEMORY_FACTOR_RANGE[1] and group["memory"]["capped"]
+    own = plan_of(env, team_a, spec)
+    assert own["calibration"]["used"] and own["calibration"]["memory_factor"] <= MEMORY_FACTOR_RANGE[1]
+    # A member reads only their own team's factors; an admin names the team.
+    assert env.client.get("/v1/calibration", params={"team": "team-a"}, headers=team_b).status_code == 403
+    admin = env.headers(env.token("admin"))
+    assert env.client.get("/v1/calibration", params={"team": "team-a"}, headers=admin).json()["groups"]
+
+
+def test_an_admin_may_let_every_teams_runs_calibrate_every_plan(db_url: str, tmp_path: Any) -> None:
+    with app_env(db_url, tmp_path, calibration_scope="all") as env:
+        env.app.state.planner.calibration.ttl_s = 0.0
+        team_a = env.headers(env.token("member", team="team-a"))
+        team_b = env.headers(env.token("member", team="team-b"))
+        spec = tiny(name="same-run")
+        before = plan_of(env, team_b, spec)
+        for _ in range(5):
+            post_report(env, team_a, spec, step=0.8, memory=1.0)
+        after = plan_of(env, team_b, spec)
+        assert after["calibration"]["used"] and after["calibration"]["step_factor"] == pytest.approx(0.8)
+        assert after["time"]["step_s"] == pytest.approx(0.8 * before["time"]["step_s"])
+        doc = calibration(env, team_b)
+        assert doc["team"] is None and doc["scope"] == "all"

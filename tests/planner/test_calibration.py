@@ -6,15 +6,19 @@ import pytest
 
 from service.planner import plan
 from service.planner.calibration import (
+    MEMORY_FACTOR_RANGE,
+    STEP_FACTOR_RANGE,
     Calibration,
     ReportedRun,
     Sample,
     family,
     fit,
+    model_prediction,
     prediction_error,
     sample_of,
 )
 from service.planner.layout import Layout
+from service.planner.result import Plan
 from tests.conftest import make_spec
 
 H100 = "H100-SXM-80GB"
@@ -155,34 +159,75 @@ def test_memory_measured_higher_still_finds_a_layout_that_fits_once_calibrated()
 
 
 def report(status: str = "succeeded", *, step: float | None = 1.1, peak: float | None = 9e9) -> ReportedRun:
+    """A report as a job's program posts it, with a forged prediction and layout (neither is read)."""
     run = ReportedRun.parse({
         "status": status, "plan": "p", "world_size": 8, "device": "cuda:0", "steps": 10,
-        "layout": {"sharding": "fsdp", "tp": 2, "pp": 1, "cp": 1, "offload": "none"},
-        "predicted": {"params": 1, "grads": 1, "optimizer": 1, "peak_allocated": 1e10, "peak_reserved": 1.1e10,
-                      "total": 1.2e10, "step_s": 2.0, "tokens_per_s": 1.0, "mfu": 0.4},
+        "layout": {"sharding": "ddp", "tp": 8, "pp": 1, "cp": 1, "offload": "none"},
+        "predicted": {"params": 1, "grads": 1, "optimizer": 1, "peak_allocated": 1.0, "peak_reserved": 1.0,
+                      "total": 1.0, "step_s": 1e-9, "tokens_per_s": 1.0, "mfu": 0.4},
         "measured": {"step_s": step, "peak": peak}, "ratios": {}})
     assert run is not None
     return run
 
 
-def test_a_sample_holds_the_models_own_prediction_even_from_a_calibrated_plan() -> None:
-    sample = sample_of(report(), H100, step_factor=1.25)
-    assert sample is not None and sample.family == "fsdp+tp"
-    assert sample.predicted_step_s == pytest.approx(1.6) and sample.measured_step_s == 1.1
-    assert sample.predicted_peak_bytes == 1e10 and sample.measured_peak_bytes == 9e9
-    assert sample_of(report("failed"), H100) is None
-    assert sample_of(report(step=None, peak=None), H100) is None
+def stored_plan() -> Plan:
+    return plan(make_spec())
+
+
+def test_a_sample_holds_the_stored_plans_own_prediction_and_layout_never_the_reports() -> None:
+    planned = stored_plan()
+    step, peak = model_prediction(planned)
+    m = planned.memory
+    assert step == planned.time.step_s and peak == m.total - m.runtime_overhead - m.allocator_margin
+    sample = sample_of(report(step=step * 1.1, peak=peak * 0.9), planned, H100)
+    assert sample is not None and sample.family == family(planned.layout) != "ddp+tp"
+    assert sample.predicted_step_s == step and sample.measured_step_s == pytest.approx(step * 1.1)
+    assert sample.predicted_peak_bytes == peak and sample.measured_peak_bytes == pytest.approx(peak * 0.9)
+    assert sample_of(report("failed"), planned, H100) is None
+    assert sample_of(report(step=None, peak=None), planned, H100) is None
     assert ReportedRun.parse({"step_s": 1.5}) is None  # not a runtime report
 
 
-def test_a_jobs_prediction_error_is_measured_over_predicted() -> None:
-    err = prediction_error(report(), memory_factor=1.1)
+def test_a_sample_of_a_calibrated_plan_holds_the_models_prediction() -> None:
+    bare = stored_plan()
+    calibrated = plan(make_spec(), calibration=fit(runs(family(bare.layout), step=0.8)))
+    assert calibrated.time.step_s == pytest.approx(0.8 * bare.time.step_s)
+    sample = sample_of(report(step=bare.time.step_s), calibrated, H100)
+    assert sample is not None and sample.predicted_step_s == pytest.approx(bare.time.step_s)
+
+
+def test_a_measurement_100x_off_the_stored_prediction_gives_no_sample() -> None:
+    planned = stored_plan()
+    step, peak = model_prediction(planned)
+    assert sample_of(report(step=step * 101, peak=peak * 101), planned, H100) is None
+    forged = sample_of(report(step=step * 99, peak=peak * 0.5), planned, H100)
+    assert forged is not None and forged.measured_step_s == pytest.approx(step * 99)
+
+
+def test_factors_are_held_within_their_ranges_however_far_the_runs_measured() -> None:
+    cal = fit(runs("ddp", step=99.0, memory=99.0) + runs("fsdp", step=0.01, memory=0.01))
+    [ddp, fsdp] = cal.groups
+    assert ddp.step is not None and ddp.step.value == STEP_FACTOR_RANGE[1] and ddp.step.capped
+    assert ddp.memory is not None and ddp.memory.value == MEMORY_FACTOR_RANGE[1] and ddp.memory.capped
+    assert fsdp.step is not None and fsdp.step.value == STEP_FACTOR_RANGE[0] and fsdp.step.capped
+    assert fsdp.memory is not None and fsdp.memory.value == MEMORY_FACTOR_RANGE[0]
+    [inside] = fit(runs("ddp", step=1.5, memory=1.3)).groups
+    assert inside.step is not None and not inside.step.capped and inside.step.value == pytest.approx(1.5)
+
+
+def test_a_jobs_prediction_error_is_measured_over_its_stored_plan() -> None:
+    planned = stored_plan()
+    step, peak = model_prediction(planned)
+    data = report(step=step * 0.55, peak=peak * 0.9).model_dump() | {"predicted": {"step_s": 1e-9}}
+    err = prediction_error(planned, data)
     assert err is not None
+    assert err.predicted_step_s == planned.time.step_s
     assert err.step_ratio == pytest.approx(0.55) and err.step_error == pytest.approx(-0.45)
-    assert err.predicted_peak_bytes == 11_000_000_000
-    assert err.memory_ratio == pytest.approx(9 / 11)
-    assert prediction_error(report(step=None)) is not None
-    assert prediction_error(report(step=None)).step_ratio is None  # type: ignore[union-attr]
+    assert err.predicted_peak_bytes == int(peak) and err.memory_ratio == pytest.approx(0.9)
+    assert not err.calibrated
+    assert prediction_error(planned, {"status": "succeeded"}) is not None
+    assert prediction_error(planned, {"status": "succeeded"}).step_ratio is None  # type: ignore[union-attr]
+    assert prediction_error(planned, None) is None
 
 
 def test_the_minimum_is_validated() -> None:

@@ -1,18 +1,25 @@
-"""`GET /v1/calibration`: the correction factors later plans use, per GPU kind and layout family.
+"""`GET /v1/calibration`: the correction factors a team's later plans use, per GPU kind and layout family.
 
-Every person may read it: the factors say how far the planner's figures were off, not whose jobs
-ran. Reading it first reads any new finished runs' reports (`service.store.calibration.refresh`).
+A member reads their own team's; an admin names the team (`?team=`, the default team when omitted).
+Under the scope `all` (`SHARDCTL_CALIBRATION_SCOPE`) every team's plans use one fit and `team` is
+null. Reading it first reads any new finished runs' reports (`service.store.calibration.refresh`).
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
 from service.api.deps import Db, Person
-from service.planner.calibration import DEFAULT_WINDOW, Factor
+from service.api.errors import ApiError
+from service.api.schemas import ErrorResponse
+from service.api.submission import DEFAULT_TEAM
+from service.planner.calibration import DEFAULT_WINDOW, MEMORY_FACTOR_RANGE, STEP_FACTOR_RANGE, Factor
 from service.settings import Settings
 from service.store import calibration as store_calibration
+from service.store.vocab import Role
 
 router = APIRouter(prefix="/v1/calibration", tags=["calibration"])
 
@@ -32,26 +39,44 @@ class GroupOut(BaseModel):
 
 
 class CalibrationOut(BaseModel):
+    team: str | None = Field(description="The team whose runs these factors come from and whose plans use them;"
+                             " null under the scope `all`, where every team's runs calibrate every plan.")
+    scope: str = Field(description="`team` or `all` (SHARDCTL_CALIBRATION_SCOPE).")
     min_runs: int = Field(description="Runs a factor needs before plans use it (SHARDCTL_CALIBRATION_MIN_RUNS).")
     window: int = Field(description="Each group is fitted from its newest runs, at most this many.")
     rule: str = Field(description="How a factor is fitted.")
     groups: list[GroupOut]
 
 
-RULE = ("factor = exp(median(ln(measured / predicted))) over each GPU kind and family's newest runs; errors are"
-        " mean absolute percentage errors of those runs before and after the factor")
+RULE = ("factor = exp(median(ln(measured / predicted))) over each GPU kind and family's newest runs, against"
+        " the prediction of each job's stored plan, held within"
+        f" {STEP_FACTOR_RANGE[0]:g}-{STEP_FACTOR_RANGE[1]:g} (step time) and"
+        f" {MEMORY_FACTOR_RANGE[0]:g}-{MEMORY_FACTOR_RANGE[1]:g} (memory); errors are mean absolute percentage"
+        " errors of those runs before and after the factor")
 
 
-@router.get("", response_model=CalibrationOut)
-def get_calibration(request: Request, principal: Person, db: Db) -> CalibrationOut:
-    """Every GPU kind and family measured so far: factors, runs, error before and after."""
+@router.get("", response_model=CalibrationOut, responses={403: {"model": ErrorResponse}})
+def get_calibration(request: Request, principal: Person, db: Db,
+                    team: Annotated[str | None, Query(max_length=63, description="An admin's choice of team"
+                                                      " (default: the default team); a member's own team"
+                                                      " when omitted.")] = None) -> CalibrationOut:
+    """Every GPU kind and family measured so far for `team`: factors, runs, error before and after.
+    403 when a member names another team."""
     settings: Settings = request.app.state.settings
+    if principal.role == Role.MEMBER:
+        if team is not None and team != principal.team_name:
+            raise ApiError(403, "forbidden", f"your token belongs to team {principal.team_name!r}: omit team"
+                           f" or set it to {principal.team_name}")
+        team = principal.team_name
+    source = request.app.state.planner.calibration
+    fitted_for = source.fitted_for(team or DEFAULT_TEAM)
     with db.begin() as session:
-        cal = store_calibration.current(session, min_runs=settings.calibration_min_runs)
+        cal = store_calibration.current(session, team=fitted_for, min_runs=settings.calibration_min_runs)
 
     def out(f: Factor | None) -> FactorOut | None:
         return None if f is None else FactorOut(**f.model_dump(), used=f.runs >= cal.min_runs)
 
-    return CalibrationOut(min_runs=cal.min_runs, window=DEFAULT_WINDOW, rule=RULE, groups=[
+    return CalibrationOut(team=fitted_for, scope=settings.calibration_scope, min_runs=cal.min_runs,
+                          window=DEFAULT_WINDOW, rule=RULE, groups=[
         GroupOut(gpu=g.gpu, family=g.family, runs=g.runs, step=out(g.step), memory=out(g.memory))
         for g in cal.groups])
