@@ -44,6 +44,58 @@ class MeasurementKind(StrEnum):
     PROFILE = "profile"
 
 
+class _Door(BaseModel):
+    """What the server reads of a measurement, typed; every other field is the job's own and kept as sent."""
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
+
+class HeartbeatData(_Door):
+    """A heartbeat's `data`: the step it was sent at, the loss and the throughput, each optional."""
+
+    step: int | None = Field(None, ge=0)
+    loss: float | None = None
+    tokens_per_s: float | None = None
+
+
+class ReportedError(_Door):
+    rank: int | None = None
+    type: str = ""
+    message: str = ""
+
+
+class ReportData(_Door):
+    """A final report's `data` (`workers.runtime.report.Report`), as far as the server reads it."""
+
+    status: str | None = None
+    start_step: int | None = Field(None, ge=0)
+    losses: list[float | None] = Field(default_factory=list)
+    predicted: dict[str, float | None] | None = None
+    measured: dict[str, float | None] = Field(default_factory=dict)
+    ratios: dict[str, float | None] = Field(default_factory=dict)
+    error: ReportedError | None = None
+
+
+#: The typed model a measurement's `data` must satisfy, per kind (a profile is read leniently, as
+#: `service.profiles.models.ProfileSummary`, and shown only when it is one).
+MEASUREMENT_DATA: dict[MeasurementKind, type[BaseModel] | None] = {
+    MeasurementKind.HEARTBEAT: HeartbeatData, MeasurementKind.REPORT: ReportData, MeasurementKind.PROFILE: None}
+
+
+def check_measurement(kind: MeasurementKind, data: Mapping[str, object]) -> None:
+    """`ValueError` naming the first field of `data` that the server cannot read as the contract says
+    (`data.step: ...`); nothing for data it reads (fields it does not know are the job's own)."""
+    model = MEASUREMENT_DATA[kind]
+    if model is None:
+        return
+    try:
+        model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in ("data", *first["loc"]))
+        raise ValueError(f"{where}: {first['msg']} (a {kind} measurement; see docs/runtime.md)") from None
+
+
 class JobEnvError(ValueError):
     """The environment does not carry a usable job contract (a variable missing or malformed)."""
 

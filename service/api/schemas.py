@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, Field, model_validator
 
 from service.backend_options import BackendKind
+from service.jobenv import check_measurement
 from service.names import Label
 from service.planner.calibration import PredictionError
 from service.planner.result import Plan
@@ -144,5 +145,13 @@ class WhoAmI(BaseModel):
 
 
 class MeasurementIn(BaseModel):
+    """A measurement a job posts: `data` is checked against its kind's typed fields
+    (`service.jobenv.check_measurement`) and stored as sent."""
+
     kind: MeasurementKind
     data: dict[str, Any]
+
+    @model_validator(mode="after")
+    def _typed(self) -> MeasurementIn:
+        check_measurement(self.kind, self.data)
+        return self

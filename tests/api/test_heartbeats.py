@@ -172,3 +172,34 @@ def test_a_heartbeat_too_large_for_the_shortcut_or_sent_chunked_is_stored_by_the
         assert r.headers["content-type"] == "application/json"
     stored = env.client.get(f"/v1/jobs/{job_id}", headers=admin).json()["measurements"]["heartbeat"]
     assert stored["at"] >= large.json()["at"]
+
+
+def test_a_measurement_the_server_cannot_read_is_a_422_and_the_job_page_stays_up(env: Env,
+                                                                                 admin: dict[str, str]) -> None:
+    """A heartbeat's `step` must be an integer (or null), a report's figures numbers: anything else is a
+    422 naming the field, stored nowhere. The dashboard's job page keeps answering with what is stored,
+    and with rows stored before measurements were checked."""
+    from service.api.ui.session import COOKIE
+    from service.store.models import Measurement
+    from service.store.vocab import MeasurementKind
+
+    job_id = _job(env, admin)
+    url = f"/v1/jobs/{job_id}/measurements"
+    for data, field in (({"step": "x"}, "data.step"), ({"step": 1.5}, "data.step"), ({"loss": "low"}, "data.loss"),
+                        ({"step": True}, "data.step")):
+        r = env.client.post(url, json={"kind": "heartbeat", "data": data}, headers=admin)
+        assert r.status_code == 422 and field in r.text, (data, r.text)
+    bad_report = {"kind": "report", "data": {"status": "succeeded", "measured": {"step_s": "fast"}}}
+    r = env.client.post(url, json=bad_report, headers=admin)
+    assert r.status_code == 422 and "data.measured.step_s" in r.text, r.text
+    assert env.client.get(f"/v1/jobs/{job_id}", headers=admin).json()["measurements"] == {}
+    for step in (None, 2, 3):
+        r = env.client.post(url, json={"kind": "heartbeat", "data": {"step": step, "loss": 1.0}}, headers=admin)
+        assert r.status_code == 201, r.text
+    with env.app.state.sessions.begin() as session:  # as stored by an older server
+        session.add(Measurement(job_id=job_id, kind=MeasurementKind.HEARTBEAT, data={"step": "x", "loss": "y"}))
+        session.add(Measurement(job_id=job_id, kind=MeasurementKind.REPORT,
+                                data={"status": "failed", "start_step": "z", "losses": "nan"}))
+    env.client.cookies.set(COOKIE, admin["Authorization"].split()[1], path="/ui")
+    page = env.client.get(f"/ui/jobs/{job_id}")
+    assert page.status_code == 200, page.text[:500]

@@ -103,20 +103,26 @@ def heartbeats(session: Session, job_id: int) -> tuple[list[Series], int]:
                                                           Measurement.kind == MeasurementKind.HEARTBEAT)
                                 .order_by(Measurement.id.desc()).limit(MAX_HEARTBEATS)))
     rows.reverse()
-    steps = [int(r.data.get("step", i + 1)) for i, r in enumerate(rows)]
+    steps = [_int(r.data.get("step"), i + 1) for i, r in enumerate(rows)]
     charts = [series("Loss", steps, [_float(r.data.get("loss")) for r in rows]),
               series("Tokens/s", steps, [_float(r.data.get("tokens_per_s")) for r in rows])]
     return [c for c in charts if c is not None], rows[-1].id if rows else 0
 
 
 def _float(value: object) -> float:
-    return float(value) if isinstance(value, int | float) else float("nan")
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else float("nan")
+
+
+def _int(value: object, default: int) -> int:
+    """`value` when it is an integer, else `default` (rows stored before measurements were checked)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 def report_losses(report: dict[str, Any] | None) -> list[Series]:
     """Without two heartbeats: the loss of every step from the final report."""
     losses = (report or {}).get("losses") or []
-    start = int((report or {}).get("start_step") or 0)
+    losses = losses if isinstance(losses, list) else []
+    start = _int((report or {}).get("start_step"), 0)
     line = series("Loss", list(range(start + 1, start + 1 + len(losses))), [_float(v) for v in losses])
     return [line] if line is not None else []
 
