@@ -107,7 +107,7 @@ def decode_cursor(cursor: str | None) -> dict[str, Any]:
         raise BadCursor(f"cursor longer than {MAX_CURSOR_CHARS} characters")
     try:
         state = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-    except (binascii.Error, ValueError) as exc:
+    except (binascii.Error, ValueError, RecursionError) as exc:  # RecursionError: JSON nested thousands deep
         raise BadCursor("not a cursor this server made: pass back a `cursor` or `next_cursor` as sent") from exc
     if not isinstance(state, dict):
         raise BadCursor("not a cursor this server made: pass back a `cursor` or `next_cursor` as sent")

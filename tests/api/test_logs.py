@@ -5,6 +5,7 @@ Last-Event-ID, one rank only; visibility as `GET /v1/jobs/{id}`; a cap on live f
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import time
@@ -203,9 +204,16 @@ def test_another_teams_job_is_not_found_and_a_bad_cursor_is_refused(logs_env: En
     assert r.status_code == 404
     assert run_to_end(env, tmp_path, job_id, alpha) == "SUCCEEDED"
     huge = "1." + encode_cursor({"node0": 10**30})  # a forged offset no file has: a 400, never a 500
-    for bad in ("1.!!", "nonsense", "1.bm90IGpzb24", "1.WzFd", huge):  # not ours, not JSON, a list
+    deep = "1." + base64.urlsafe_b64encode(b"[" * 1500 + b"]" * 1500).decode().rstrip("=")  # past the recursion limit
+    for bad in ("1.!!", "nonsense", "1.bm90IGpzb24", "1.WzFd", huge, deep):  # not ours, not JSON, a list
         r = env.client.get(f"/v1/jobs/{job_id}/logs", params={"cursor": bad}, headers=alpha)
         assert r.status_code == 400 and "cursor" in r.json()["error"]["message"], (bad, r.text)
+        r = env.client.get(f"/v1/jobs/{job_id}/logs", headers={**alpha, "Last-Event-ID": bad},
+                           params={"follow": "true"})
+        if bad == huge:  # well formed: the backend's read refuses it, as the stream's error event
+            assert r.status_code == 200 and "event: error" in r.text and "bad_request" in r.text, r.text
+        else:
+            assert r.status_code == 400 and "cursor" in r.json()["error"]["message"], (bad, r.text)
     r = env.client.get(f"/v1/jobs/{job_id}/logs", params={"cursor": end["next_cursor"] or "1.", "attempt": 2},
                        headers=alpha)
     assert r.status_code == 400

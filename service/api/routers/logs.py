@@ -51,6 +51,7 @@ from service.joblogs import (
     LogLine,
     OutputsError,
     OutputsUnavailable,
+    decode_cursor,
 )
 from service.store.jobs import is_terminal, visible_job
 from service.store.models import Attempt, Job
@@ -153,13 +154,18 @@ def _api_error(exc: OutputsError) -> ApiError:
 
 
 def split_cursor(cursor: str | None) -> tuple[int | None, str | None]:
-    """(attempt, backend cursor) of an API cursor; (None, None) for none."""
+    """(attempt, backend cursor) of an API cursor; (None, None) for none. The backend cursor is decoded
+    here too, so that one this server did not make is a 400 before any reading or streaming starts."""
     if not cursor:
         return None, None
     match = _CURSOR.match(cursor)
-    if match is None:
+    try:
+        if match is None:
+            raise BadCursor("not a log cursor")
+        decode_cursor(match.group(2) or None)
+    except BadCursor:
         raise ApiError(400, "bad_request", "not a log cursor this server made: pass back a `cursor`,"
-                       " `next_cursor` or event id as sent")
+                       " `next_cursor` or event id as sent") from None
     return int(match.group(1)), match.group(2) or None
 
 
