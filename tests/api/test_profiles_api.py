@@ -172,3 +172,23 @@ def test_uploads_beyond_the_analysis_queue_are_a_503_and_leave_nothing(env: Env,
     finally:
         release.set()
         pool.shutdown()
+
+
+def test_uploaded_traces_are_private_and_a_failure_names_no_server_folder(env: Env, admin: dict[str, str],
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import stat
+
+    job_id, member = _job(env)
+    data_dir = env.app.state.settings.data_dir
+    held: list[object] = []
+    monkeypatch.setattr(env.app.state.analyses, "submit", held.append)  # hold the analysis back to look
+    files = [("files", ("rank-0.json.gz", b"\x1f\x8b\x08\x00truncated", "application/gzip"))]
+    assert env.client.post(f"/v1/jobs/{job_id}/profiles/traces", files=files, headers=admin).status_code == 202
+    [trace] = (data_dir / "profiles").rglob("trace-0.json.gz")
+    assert stat.S_IMODE(trace.stat().st_mode) == 0o600
+    for folder in (trace.parent, trace.parent.parent, trace.parent.parent.parent):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
+    held[0]()  # type: ignore[operator]
+    failed = [e for e in env.client.get(f"/v1/jobs/{job_id}/events", headers=member).json()
+              if e["kind"] == "job.profile_failed"]
+    assert failed and str(data_dir) not in failed[0]["message"], failed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import uuid
 from datetime import datetime
@@ -77,14 +78,16 @@ def post_traces(job_id: JobId, principal: Reporter, db: Db, request: Request,
         raise ApiError(422, "validation_error", f"send 1 to {MAX_FILES} trace files, one per rank")
     upload = uuid.uuid4().hex[:12]
     folder: Path = settings.data_dir / "profiles" / str(job_id) / upload
-    folder.mkdir(parents=True, exist_ok=True)
+    settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for level in (folder.parent.parent, folder.parent, folder):  # owner-only: traces are the job's data
+        level.mkdir(mode=0o700, exist_ok=True)
     total, paths = 0, []
     try:
         for index, item in enumerate(files):
             suffix = ".json.gz" if (item.filename or "").endswith(".gz") else ".json"
             path = folder / f"trace-{index}{suffix}"
             size = 0
-            with path.open("wb") as out:
+            with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
                 while chunk := item.file.read(CHUNK):
                     size += len(chunk)
                     if size > settings.max_trace_bytes:
@@ -132,6 +135,11 @@ def _predicted_comm(db: sessionmaker[Session], job_id: int) -> float | None:
             return None
 
 
+def _without_folder(message: str, folder: Path) -> str:
+    """`message` with the server's upload folder left out: a member sees the trace's file name only."""
+    return message.replace(f"{folder}{os.sep}", "").replace(str(folder), "the upload")
+
+
 def _analyse(db: sessionmaker[Session], principal: Principal, job_id: int, paths: list[Path], folder: Path,
              max_events: int) -> None:
     """Analyse, store the summary; on any failure record `job.profile_failed` with the reason. The
@@ -145,10 +153,11 @@ def _analyse(db: sessionmaker[Session], principal: Principal, job_id: int, paths
     except Unstorable as exc:
         outcome = ("failed", f"the analysis produced a summary that cannot be stored ({exc})")
     except TraceError as exc:
-        outcome = ("failed", str(exc))
+        outcome = ("failed", _without_folder(str(exc), folder))
     except Exception as exc:  # the thread is the only one that can still tell the user
         log.exception("profile analysis of job %s failed", job_id)
-        outcome = ("failed", f"the analysis failed unexpectedly ({type(exc).__name__}: {exc})")
+        outcome = ("failed", _without_folder(f"the analysis failed unexpectedly ({type(exc).__name__}: {exc})",
+                                             folder))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     with db.begin() as session:
