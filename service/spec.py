@@ -11,6 +11,7 @@ in the same shape: a field path and a message that says what is allowed.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -24,6 +25,7 @@ from pydantic import (
     ValidationError,
     ValidatorFunctionWrapHandler,
     WrapValidator,
+    field_validator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -314,6 +316,12 @@ class LayoutPins(_Strict):
         return self
 
 
+#: An environment variable name every backend can set (Kubernetes' rule for `env[].name`, which POSIX
+#: shells' names are a part of): a process environment cannot carry a name with `=` in it.
+MAX_ENV_NAME = 255
+ENV_NAME = re.compile(rf"[A-Za-z_.-][A-Za-z0-9_.-]{{0,{MAX_ENV_NAME - 1}}}")
+
+
 class EntrypointSpec(_Strict):
     """A user's own program, run under torchrun on every node. Absent: the built-in reference trainer."""
 
@@ -323,6 +331,19 @@ class EntrypointSpec(_Strict):
                                 " API shows their names, never their values, unless named in public_env.")
     public_env: list[str] = Field(default_factory=list, max_length=256,
                                   description="Names in env whose values the API may show (e.g. MODE, LOG_LEVEL).")
+
+    @field_validator("env")
+    @classmethod
+    def _names_and_values(cls, env: dict[str, str]) -> dict[str, str]:
+        for name, value in env.items():
+            if not ENV_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not an environment variable name: use letters, digits, '_', '.'"
+                                 " and '-', not starting with a digit (no '=', space or control character),"
+                                 f" at most {MAX_ENV_NAME} characters")
+            if "\x00" in value:
+                raise ValueError(f"the value of {name!r} holds a NUL character, which no environment can carry:"
+                                 " remove it")
+        return env
 
     @model_validator(mode="after")
     def _public_names_exist(self) -> EntrypointSpec:

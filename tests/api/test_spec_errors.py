@@ -55,3 +55,15 @@ def test_an_inline_gpu_error_names_the_field_not_the_union(env: Env, admin: dict
     assert list(fields) == ["resources.gpu.memory_gib"], fields
     fields = _fields(env, admin, tiny(resources={"gpu": 5}))
     assert fields == {"resources.gpu": "Input should be a valid string"}
+
+
+@pytest.mark.parametrize(("variables", "words"), [
+    ({"A=B": "1"}, "no '='"),
+    ({"9LIVES": "1"}, "not starting with a digit"),
+    ({"WITH SPACE": "1"}, "is not an environment variable name"),
+])
+def test_an_env_no_process_can_carry_is_refused_at_submit(env: Env, admin: dict[str, str],
+                                                         variables: dict[str, str], words: str) -> None:
+    """Such a name used to be accepted, then failed three attempts as `lost` with an empty log tail."""
+    fields = _fields(env, admin, tiny(entrypoint={"command": ["python", "-c", "pass"], "env": variables}))
+    assert words in fields["entrypoint.env"], fields
