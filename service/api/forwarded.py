@@ -74,18 +74,30 @@ def is_shardctl_token(bearer: str | None) -> bool:
     return bearer is not None and bearer.startswith(f"{TOKEN_PREFIX}_")
 
 
+def _once(headers: Mapping[str, str], name: str) -> str:
+    """The value of header `name` ("" when absent); `ForwardedRefused` (400) when it came more than once:
+    which copy a proxy meant (the one it set, or one the client sent that it passed on) cannot be told."""
+    getlist = getattr(headers, "getlist", None)  # Starlette's headers keep every copy
+    values = getlist(name) if getlist is not None else [headers.get(name) or ""]
+    if len(values) > 1:
+        raise ForwardedRefused(400, f"the {name} header came {len(values)} times; an authenticating proxy sends it"
+                               " once (configure it to replace the client's copy, not to add its own)")
+    return str(values[0]) if values else ""
+
+
 def read_forwarded(settings: Settings, headers: Mapping[str, str], client_host: str | None) -> Forwarded | None:
     """The proxy's user and groups, or None when forwarded identity is off, the peer is not trusted, or
-    the user header is absent. Raises `ForwardedRefused` (400) for a malformed user name."""
+    the user header is absent. Raises `ForwardedRefused` (400) for a malformed user name, or a user or
+    groups header that came more than once."""
     if not trusted_peer(settings, client_host):
         return None
-    user = (headers.get(settings.forwarded_user_header) or "").strip()
+    user = _once(headers, settings.forwarded_user_header).strip()
     if not user:
         return None
     if USER_NAME.fullmatch(user) is None:
         raise ForwardedRefused(400, f"the {settings.forwarded_user_header} header is not a user name (1 to 200 of"
                                " letters, digits and ._@+-)")
-    raw = headers.get(settings.forwarded_groups_header) or ""
+    raw = _once(headers, settings.forwarded_groups_header)
     groups = tuple(g for g in (part.strip() for part in raw.split(",")) if g)
     return Forwarded(user=user, groups=groups)
 

@@ -85,6 +85,22 @@ def test_a_user_in_no_mapped_group_or_several_teams(serve: Serve) -> None:
         assert bad.status_code == 400
 
 
+def test_an_identity_header_sent_twice_is_refused(serve: Serve) -> None:
+    """A proxy that adds its header beside the client's own: which one it meant cannot be told, so neither
+    is used (the first used to win, and it may be the client's)."""
+    with serve(**ON) as (base, _):
+        twice = [("X-Forwarded-User", "mallory"), ("X-Forwarded-User", "bob"), ("X-Forwarded-Groups", "ml-vision"),
+                 ("X-Requested-With", "shardctl")]
+        for path in ("/v1/whoami", "/v1/jobs"):
+            r = httpx.get(f"{base}{path}", headers=twice)
+            assert r.status_code == 400 and "came 2 times" in r.json()["error"]["message"], r.text
+        r = httpx.post(f"{base}/v1/jobs", json=tiny(), headers=twice)
+        assert r.status_code == 400, r.text
+        groups = [("X-Forwarded-User", "bob"), ("X-Forwarded-Groups", "ops"), ("X-Forwarded-Groups", "ml-vision"),
+                  ("X-Requested-With", "shardctl")]
+        assert httpx.get(f"{base}/v1/whoami", headers=groups).status_code == 400
+
+
 def test_from_an_address_that_is_not_a_trusted_proxy_the_headers_are_ignored(serve: Serve) -> None:
     with serve(**{**ON, "forwarded_trusted_proxies": ["10.0.0.0/8"]}) as (base, _):
         answer = httpx.get(f"{base}/v1/whoami", headers=as_user("alice", "ops"))
