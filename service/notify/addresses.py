@@ -19,9 +19,30 @@ class AddressRefused(ValueError):
     """A webhook URL that may not be used; the message says why and what to do instead."""
 
 
+#: Ranges this Python's `is_global` may still call global but that are no public host: the IETF protocol
+#: assignments (192.0.0.0/24, RFC 6890) and the NAT64 prefixes, whose IPv4 part is checked instead.
+_NOT_GLOBAL = (ipaddress.ip_network("192.0.0.0/24"),)
+_NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
+
+
+def _embedded(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address carries and leads to: mapped, 6to4, Teredo's client, NAT64."""
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip.teredo is not None:
+        return ip.teredo[1]
+    if any(ip in net for net in _NAT64):
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
+
+
 def _refused_ip(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return _refused_ip(ip.ipv4_mapped)
+    if isinstance(ip, ipaddress.IPv6Address) and (inner := _embedded(ip)) is not None:
+        return _refused_ip(inner)
+    if any(ip in net for net in _NOT_GLOBAL):
+        return "not globally routable"
     for test, what in ((ip.is_loopback, "loopback"), (ip.is_link_local, "link-local"),
                        (ip.is_private, "private"), (ip.is_multicast, "multicast"),
                        (ip.is_unspecified, "unspecified"), (ip.is_reserved, "reserved")):
@@ -58,6 +79,8 @@ def check_url(url: str, *, allow_private: bool) -> str:
     if parts.username or parts.password:
         raise AddressRefused("credentials in the URL are not allowed (they would be shown to every reader"
                              " of the subscription): authenticate deliveries by their signature instead")
+    if port == 0:
+        raise AddressRefused("port 0 is no port a server listens on: leave the port out, or name the real one")
     check_address(parts.hostname, port or (443 if parts.scheme == "https" else 80), allow_private=allow_private)
     return url
 

@@ -15,7 +15,11 @@ def _post(env: Env, headers: dict[str, str], **body: object):  # type: ignore[no
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:8080/hook", "http://localhost/hook", "http://[::1]/hook",
                                  "http://10.1.2.3/hook", "http://192.168.0.10/hook", "http://169.254.169.254/latest",
-                                 "http://[::ffff:127.0.0.1]/hook", "http://0.0.0.0/hook"])
+                                 "http://[::ffff:127.0.0.1]/hook", "http://0.0.0.0/hook",
+                                 # IPv6 addresses that carry a private IPv4 one: 6to4, NAT64, Teredo
+                                 "http://[2002:7f00:1::1]/hook", "http://[2002:a9fe:a9fe::1]/latest",
+                                 "http://[64:ff9b::a9fe:a9fe]/latest", "http://[2001:0:4136:e378:8000:63bf:3fff:fdd2]/",
+                                 "http://192.0.0.8/hook"])
 def test_a_private_address_is_refused_by_default(env: Env, admin: dict[str, str], url: str) -> None:
     r = _post(env, admin, url=url)
     assert r.status_code == 422, r.text
@@ -32,6 +36,7 @@ def test_an_operator_may_allow_private_addresses(env: Env, admin: dict[str, str]
 @pytest.mark.parametrize(("url", "words"), [("ftp://93.184.216.34/x", "http:// or https://"),
                                             ("https://user:pw@93.184.216.34/x", "credentials"),
                                             ("https:///nohost", "no host"),
+                                            ("http://93.184.216.34:0/x", "port 0"),
                                             ("https://name.invalid/hook", "does not resolve")])
 def test_other_bad_urls_say_why(env: Env, admin: dict[str, str], url: str, words: str) -> None:
     r = _post(env, admin, url=url)
