@@ -21,7 +21,7 @@ from service.api.schemas import (
 )
 from service.jobenv import MeasurementKind
 from service.planner.calibration import prediction_error
-from service.redaction import REDACTED
+from service.redaction import REDACTED, redact_value
 from service.spec import TrainingSpec
 from service.store.jobs import JobDetail, latest_measurements
 from service.store.models import ApiToken, Event, Job, Team
@@ -30,13 +30,17 @@ from service.store.models import ApiToken, Event, Job, Team
 def redacted_spec(spec: TrainingSpec) -> TrainingSpec:
     """`spec` as responses show it: entrypoint.env is write-only, its names kept and every value
     `<redacted>` but those the spec names in `entrypoint.public_env` (the env is where API keys and
-    database URLs go; whoever submitted it has the file). A copy: the stored spec is unchanged."""
+    database URLs go; whoever submitted it has the file); the command line and the image with the
+    credentials they carry hidden (`redact_value`: a URL's password, a token's shape), as the launch
+    preview shows them. A copy: the stored spec is unchanged."""
     entry = spec.entrypoint
-    if entry is None or not entry.env:
+    if entry is None:
         return spec
     public = set(entry.public_env)
     shown = {name: value if name in public else REDACTED for name, value in entry.env.items()}
-    return spec.model_copy(update={"entrypoint": entry.model_copy(update={"env": shown})})
+    return spec.model_copy(update={"entrypoint": entry.model_copy(update={
+        "env": shown, "command": [redact_value(arg) for arg in entry.command],
+        "image": None if entry.image is None else redact_value(entry.image)})})
 
 
 def encoded(model: BaseModel) -> bytes:

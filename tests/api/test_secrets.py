@@ -67,6 +67,28 @@ def test_job_responses_show_the_entrypoint_env_names_but_never_their_values(env:
         assert stored.spec.entrypoint.env == SECRET_ENV
 
 
+def test_credentials_in_the_command_line_are_hidden_from_job_responses_and_the_job_page(
+        env: Env, admin: dict[str, str]) -> None:
+    from service.api.ui.session import COOKIE
+
+    pat, password = "ghp_" + "a1B2" * 9, "s3cr3t-pw"
+    command = ["python", "train.py", f"--db=postgresql://trainer:{password}@db.internal/runs", f"--token={pat}"]
+    created = env.client.post("/v1/jobs", json=tiny(entrypoint={"command": command}), headers=admin)
+    assert created.status_code == 201, created.text
+    job_id = created.json()["id"]
+    env.client.cookies.set(COOKIE, admin["Authorization"].split()[1], path="/ui")
+    page = env.client.get(f"/ui/jobs/{job_id}")
+    assert page.status_code == 200
+    for body in (created.text, env.client.get(f"/v1/jobs/{job_id}", headers=admin).text, page.text):
+        assert password not in body and pat not in body
+    shown = env.client.get(f"/v1/jobs/{job_id}", headers=admin).json()["spec"]["entrypoint"]["command"]
+    assert shown == ["python", "train.py", f"--db=postgresql://trainer:{REDACTED}@db.internal/runs",
+                     f"--token={REDACTED}"]
+    with env.app.state.sessions.begin() as session:  # the job runs with the real command line
+        stored = session.scalar(select(Job).where(Job.id == job_id))
+        assert stored is not None and stored.spec.entrypoint is not None and stored.spec.entrypoint.command == command
+
+
 def test_values_the_spec_marks_public_are_shown(env: Env, admin: dict[str, str]) -> None:
     spec = tiny(entrypoint={"command": ["python", "-c", "pass"], "env": {**SECRET_ENV, "MODE": "eval"},
                             "public_env": ["MODE"]})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -99,7 +100,9 @@ def test_render(backend: LocalBackend) -> None:
     assert len(commands) == 2 and "--nproc-per-node=4" in commands[0] and "--node-rank=1" in commands[1]
     shown = rendered.content["env"]
     assert shown[jobenv.TOKEN] == "<redacted>" and shown[jobenv.JOB_ID] == "1"
-    assert shown[jobenv.OUT_DIR] == str(backend.folder / "shardctl-7-1" / "out")
+    # The server's own paths stay on the server: its runs folder and what the job inherits.
+    assert shown[jobenv.OUT_DIR] == "<runs>/shardctl-7-1/out" and shown["PATH"] == "<inherited>"
+    assert str(backend.folder) not in json.dumps(rendered.content) and os.environ["PATH"] not in json.dumps(shown)
 
 
 def test_a_job_gets_the_contract_and_not_the_servers_secrets(backend: LocalBackend, tmp_path: Path,

@@ -42,6 +42,7 @@ from workers.backends.base import (
     SubmissionRefused,
 )
 from workers.backends.local_supervisor import (
+    INHERITED,
     job_checkpoint_dir,
     job_environment,
     node_commands,
@@ -68,6 +69,22 @@ def _json(path: Path) -> Any:
     return json.loads(jobfiles.read_small_text(path))
 
 
+#: What a preview shows in place of the server's runs folder, and of a value inherited from its environment.
+RUNS_SHOWN = "<runs>"
+INHERITED_SHOWN = "<inherited>"
+
+
+def _replaced(data: Any, old: str, new: str) -> Any:
+    """`data` (JSON-like) with `old` replaced by `new` in every string."""
+    if isinstance(data, str):
+        return data.replace(old, new)
+    if isinstance(data, dict):
+        return {k: _replaced(v, old, new) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_replaced(v, old, new) for v in data]
+    return data
+
+
 def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(_log_end(path).splitlines()[-lines:])
 
@@ -91,12 +108,15 @@ class LocalBackend:
     def render(self, req: LaunchRequest) -> Rendered:
         """What `submit` starts: the folder, one command per simulated node and the environment they get
         (secret names redacted; `launch_preview` redacts credentials by value for every backend; the
-        plan, which is the job's stored plan, left out for length)."""
+        plan, which is the job's stored plan, left out for length). The server's own paths are not
+        shown: the runs folder reads `<runs>` and what the job inherits from the server's environment
+        (`PATH`, `PYTHONPATH`...) reads `<inherited>`."""
         final = self._dir(req.name)
         per_node = node_commands(req, "127.0.0.1:<free port>", final)
-        env = {k: REDACTED if is_secret_env(k) else v for k, v in job_environment(req, final).items() if k != PLAN}
-        return Rendered(backend=self.name, name=req.name, content={
-            "folder": str(final), "nodes": req.nodes, "commands": per_node, "env": env})
+        env = {k: REDACTED if is_secret_env(k) else INHERITED_SHOWN if k in INHERITED else v
+               for k, v in job_environment(req, final).items() if k != PLAN}
+        content = {"folder": str(final), "nodes": req.nodes, "commands": per_node, "env": env}
+        return Rendered(backend=self.name, name=req.name, content=_replaced(content, str(self.folder), RUNS_SHOWN))
 
     def submit(self, req: LaunchRequest) -> Handle:
         """Start the attempt unless its folder already exists (then adopt it). Returns once the
