@@ -29,10 +29,12 @@ class PreemptionPolicy(StrEnum):
 
 
 class _Strict(BaseModel):
+    """Unknown fields refused; numbers and flags must be JSON numbers and booleans (`true` is no GPU count)."""
+
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
-GpuCount = Annotated[int, Field(ge=0, le=1_000_000)]
+GpuCount = Annotated[int, Field(ge=0, le=1_000_000, strict=True)]
 
 
 class Pool(_Strict):
@@ -42,13 +44,14 @@ class Pool(_Strict):
     backend: BackendKind = Field(description="The backend that runs this pool's jobs: local, slurm or kubernetes.")
     gpu: str = Field(min_length=1, max_length=64,
                      description="The GPU kind, as specs name it (e.g. H100-SXM-80GB), or cpu.")
-    gpus: int = Field(ge=1, le=1_000_000, description="How many GPUs (or cpu slots) the pool holds.")
+    gpus: int = Field(ge=1, le=1_000_000, strict=True, description="How many GPUs (or cpu slots) the pool holds.")
     partition: str | None = Field(None, max_length=128, description="Slurm: the partition its jobs go to.")
     namespace: str | None = Field(None, max_length=63, description="Kubernetes: the namespace its jobs go to.")
     flavor: str | None = Field(None, max_length=63, description="Kubernetes/Kueue: the ResourceFlavor name.")
-    kueue: bool = Field(False, description="Kueue admits this pool's jobs; shardctl labels them and waits.")
+    kueue: bool = Field(False, strict=True,
+                        description="Kueue admits this pool's jobs; shardctl labels them and waits.")
     preemption: PreemptionPolicy = Field(PreemptionPolicy.RECLAIM, description="What admission may preempt here.")
-    cost: float | None = Field(None, gt=0, le=1000, description="Fair-share weight of one GPU of this kind"
+    cost: float | None = Field(None, gt=0, le=1000, strict=True, description="Fair-share weight of one GPU of this kind"
                                " (default: from the GPU catalog, relative to an A100's bf16 peak).")
     devices: list[str] | None = Field(None, description="Local backend: the device ids it may hand out"
                                       " (default: all it detects, or cpu slots 0..gpus-1).")
@@ -65,7 +68,9 @@ class FlavorQuota(_Strict):
 class TeamQuota(_Strict):
     """A team's share of the cluster (`PUT /v1/teams/{team}/quota`)."""
 
-    weight: float = Field(1.0, ge=0, le=1000, description="Fair-share weight (0: preempted first, served last).")
-    max_priority: int = Field(100, ge=-1000, le=1000, description="The highest priority its members may set.")
+    weight: float = Field(1.0, ge=0, le=1000, strict=True,
+                          description="Fair-share weight (0: preempted first, served last).")
+    max_priority: int = Field(100, ge=-1000, le=1000, strict=True,
+                              description="The highest priority its members may set.")
     group: Label | None = Field(None, description="The org it belongs to; unused quota is lent inside it first.")
     flavors: dict[str, FlavorQuota] = Field(default_factory=dict, description="Per GPU kind.")

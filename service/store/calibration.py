@@ -24,8 +24,6 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from sqlalchemy import ColumnElement, func, select, true
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.jobenv import MeasurementKind
@@ -40,6 +38,7 @@ from service.planner.calibration import (
 )
 from service.planner.result import Plan
 from service.store.calibration_models import CalibrationCursor, CalibrationSample
+from service.store.db import upsert_into
 from service.store.models import Job, Measurement, Team
 
 log = logging.getLogger(__name__)
@@ -53,8 +52,7 @@ def _cursor(session: Session, *, lock: bool) -> CalibrationCursor:
         stmt = stmt.with_for_update().execution_options(populate_existing=True)
     row = session.scalars(stmt).first()
     if row is None:
-        insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-        session.execute(insert(CalibrationCursor).values(id=_CURSOR_ID, scanned_through=0)
+        session.execute(upsert_into(session, CalibrationCursor).values(id=_CURSOR_ID, scanned_through=0)
                         .on_conflict_do_nothing(index_elements=["id"]))
         row = session.scalars(stmt).one()
     return row
@@ -71,7 +69,6 @@ def refresh(session: Session) -> int:
     if session.scalar(newer) is None:
         return 0
     cursor = _cursor(session, lock=True)
-    insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
     added = 0
     while True:
         rows = session.execute(
@@ -90,7 +87,7 @@ def refresh(session: Session) -> int:
                 sampled.add(job_id)
                 values.append({"measurement_id": mid, "job_id": job_id, "team_id": team_id, **sample.model_dump()})
         if values:
-            session.execute(insert(CalibrationSample).values(values)
+            session.execute(upsert_into(session, CalibrationSample).values(values)
                             .on_conflict_do_nothing(index_elements=["measurement_id"]))
             added += len(values)
         cursor.scanned_through = rows[-1][0]

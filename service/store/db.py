@@ -11,11 +11,24 @@ from typing import Any
 
 import msgspec
 from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.dialects.postgresql import Insert as PostgresInsert
+from sqlalchemy.dialects.postgresql import insert as postgres_insert
+from sqlalchemy.dialects.sqlite import Insert as SqliteInsert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 #: SQLite's own companions of a database file; it creates them with the database file's mode.
 SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+def upsert_into(session: Session, table: Any) -> PostgresInsert | SqliteInsert:
+    """An INSERT into `table` in the session's dialect, which takes `on_conflict_do_nothing` and
+    `on_conflict_do_update` (both databases spell them alike). Racing inserts of one key then never
+    fail: on PostgreSQL the second waits for the first to commit, then does nothing (or updates)."""
+    if session.get_bind().dialect.name == "postgresql":
+        return postgres_insert(table)
+    return sqlite_insert(table)
 
 
 def sqlite_path(url: str) -> Path | None:

@@ -27,10 +27,11 @@ from service.scheduling.config_file import PoolsFile
 from service.scheduling.detect import local_pools
 from service.scheduling.kueue_names import KueueQueue, kueue_queue
 from service.scheduling.model import Pool
+from service.store.db import upsert_into
 from service.store.models import PoolRow, utcnow
 from service.store.queue_view import invalidate
 from service.store.quotas import all_quotas, put_quotas_by_name
-from service.store.tokens import NotFound
+from service.store.tokens import Conflict, NotFound
 
 API, FILE, DETECTED = "api", "file", "detected"
 SOURCES = (API, FILE, DETECTED)
@@ -75,26 +76,30 @@ def get_pool(session: Session, name: str, local_gpus: str | None = None) -> Sour
 
 
 def put_pool(session: Session, pool: Pool, *, source: str = API) -> bool:
-    """Create or replace the pool `pool.name`; True when it is new. Declaring a pool of the local
-    backend retires the detected ones (declared pools replace what detection guessed)."""
-    row = session.get(PoolRow, pool.name, with_for_update=True)
+    """Create or replace the pool `pool.name`; True when it is new. Idempotent under concurrent calls
+    (an upsert: the last one to commit wins, none fails). Declaring a pool of the local backend retires
+    the detected ones (declared pools replace what detection guessed)."""
     invalidate(session)
     if pool.backend == BackendKind.LOCAL and source != DETECTED:
         session.execute(delete(PoolRow).where(PoolRow.source == DETECTED, PoolRow.name != pool.name))
-    if row is None:
-        session.add(PoolRow(name=pool.name, pool=pool, source=source, updated_at=utcnow()))
-        session.flush()
-        return True
-    row.pool, row.source, row.updated_at = pool, source, utcnow()
-    return False
+    existed = session.scalar(select(PoolRow.name).where(PoolRow.name == pool.name)) is not None
+    insert = upsert_into(session, PoolRow).values(name=pool.name, pool=pool, source=source, updated_at=utcnow())
+    session.execute(insert.on_conflict_do_update(index_elements=["name"], set_={
+        "pool": insert.excluded.pool, "source": insert.excluded.source, "updated_at": insert.excluded.updated_at}))
+    session.expire_all()  # a row this session loaded before holds the old pool
+    return not existed
 
 
 def delete_pool(session: Session, name: str) -> None:
-    """Remove a stored pool; `NotFound` when there is none by that name. Jobs admitted to it keep
-    running; waiting jobs of its kind wait for another pool (`no_matching_pool`)."""
+    """Remove a stored pool; `NotFound` when there is none by that name, `Conflict` for a pool detected
+    from this machine (it would be detected again at once). Jobs admitted to it keep running; waiting
+    jobs of its kind wait for another pool (`no_matching_pool`)."""
     row = session.get(PoolRow, name, with_for_update=True)
     if row is None:
         raise NotFound(f"no pool {name!r} is declared (detected pools go away when a local pool is declared)")
+    if row.source == DETECTED:
+        raise Conflict(f"pool {name!r} is detected from this machine, not declared: it cannot be removed. Declare"
+                       " the local pools you want (PUT /v1/pools/{name} with backend local), which retires it")
     invalidate(session)
     session.delete(row)
 

@@ -10,6 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.scheduling.model import TeamQuota
+from service.store.db import upsert_into
 from service.store.models import Team, TeamQuotaRow, utcnow
 from service.store.queue_view import invalidate
 from service.store.tokens import ensure_team
@@ -21,16 +22,16 @@ def get_quota(session: Session, team: Team) -> TeamQuota | None:
 
 
 def put_quota(session: Session, team: Team, quota: TeamQuota) -> bool:
-    """Create or replace the team's quota; True when it is new. The queue view is dropped (its answers
-    may be wrong now) until the next dispatcher cycle."""
-    row = session.get(TeamQuotaRow, team.id, with_for_update=True)
+    """Create or replace the team's quota; True when it is new. Idempotent under concurrent calls (an
+    upsert: the last one to commit wins, none fails). The queue view is dropped (its answers may be
+    wrong now) until the next dispatcher cycle."""
     invalidate(session)
-    if row is None:
-        session.add(TeamQuotaRow(team_id=team.id, quota=quota, updated_at=utcnow()))
-        session.flush()
-        return True
-    row.quota, row.updated_at = quota, utcnow()
-    return False
+    existed = session.scalar(select(TeamQuotaRow.team_id).where(TeamQuotaRow.team_id == team.id)) is not None
+    insert = upsert_into(session, TeamQuotaRow).values(team_id=team.id, quota=quota, updated_at=utcnow())
+    session.execute(insert.on_conflict_do_update(
+        index_elements=["team_id"], set_={"quota": insert.excluded.quota, "updated_at": insert.excluded.updated_at}))
+    session.expire_all()  # a row this session loaded before holds the old quota
+    return not existed
 
 
 def all_quotas(session: Session) -> dict[str, TeamQuota]:

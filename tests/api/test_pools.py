@@ -167,3 +167,49 @@ def test_the_pools_file_is_loaded_at_start_and_replaces_what_it_loaded_before(en
 ])
 def test_nvidia_smi_names_map_to_the_gpu_catalog(name: str, mib: int, kind: str) -> None:
     assert catalog_kind(name, mib) == kind
+
+
+def test_concurrent_puts_of_one_pool_and_one_quota_all_succeed(env: Env, admin: dict[str, str], live: str) -> None:
+    """An upsert: sixteen admins declaring the same pool and the same quota at once all get their answer
+    (the first 201, the rest 200 or 201), never a 409 from the race to insert the row."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    def put(args: tuple[str, dict[str, Any]]) -> int:
+        path, body = args
+        with httpx.Client(base_url=live, headers=admin, timeout=60) as client:
+            return client.put(path, json=body).status_code
+
+    pools = [("/v1/pools/racing", {"backend": "slurm", "gpu": "cpu", "gpus": n}) for n in range(1, 17)]
+    with ThreadPoolExecutor(16) as workers:
+        assert set(workers.map(put, pools)) <= {200, 201}
+    quotas = [("/v1/teams/racers/quota", {"weight": float(n), "flavors": {"cpu": {"nominal": 1}}})
+              for n in range(1, 17)]
+    with ThreadPoolExecutor(16) as workers:
+        assert set(workers.map(put, quotas)) <= {200}
+    got = env.client.get("/v1/teams/racers/quota", headers=admin).json()
+    assert got["declared"] and 1.0 <= got["quota"]["weight"] <= 16.0
+    assert 1 <= env.client.get("/v1/pools/racing", headers=admin).json()["gpus"] <= 16
+
+
+def test_a_detected_pool_cannot_be_removed_and_says_how_to_replace_it(env: Env, admin: dict[str, str]) -> None:
+    from service.store.pools import record_detected
+
+    with env.app.state.sessions.begin() as session:
+        [first, *_] = record_detected(session)
+    r = env.client.delete(f"/v1/pools/{first.name}", headers=admin)
+    assert r.status_code == 409 and "PUT /v1/pools" in r.json()["error"]["message"], r.text
+    assert env.client.get(f"/v1/pools/{first.name}", headers=admin).json()["source"] == "detected"
+
+
+@pytest.mark.parametrize(("path", "body", "loc"), [
+    ("/v1/pools/box", {"backend": "local", "gpu": "cpu", "gpus": True}, "gpus"),
+    ("/v1/pools/box", {"backend": "local", "gpu": "cpu", "gpus": "2"}, "gpus"),
+    ("/v1/teams/t/quota", {"weight": True}, "weight"),
+    ("/v1/teams/t/quota", {"flavors": {"cpu": {"nominal": False}}}, "flavors.cpu.nominal"),
+])
+def test_a_boolean_or_a_string_is_no_number(env: Env, admin: dict[str, str], path: str, body: dict[str, Any],
+                                             loc: str) -> None:
+    r = env.client.put(path, json=body, headers=admin)
+    assert r.status_code == 422 and loc in [f["loc"] for f in r.json()["error"]["fields"]], r.text

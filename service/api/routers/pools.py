@@ -105,7 +105,8 @@ def put(name: PoolName, body: PoolIn, _: Admin, db: Db, request: Request) -> Res
 @router.delete("/{name}", status_code=204, responses=ERRORS, summary="Remove a declared pool (admin)")
 def delete(name: PoolName, _: Admin, db: Db) -> Response:
     """Jobs admitted to it run on; jobs that wait for its kind wait for another pool. 404 for a pool
-    that is not declared (a detected pool goes away when a local pool is declared)."""
+    that is not declared; 409 for one detected from this machine (it goes away when a local pool is
+    declared)."""
     with db.begin() as session:
         delete_pool(session, name)
     return Response(status_code=204)
