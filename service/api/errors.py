@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +12,7 @@ import fastapi.routing
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, compile_path
 
@@ -20,6 +21,8 @@ from service.planner import InvalidSpec
 from service.spec import field_path
 from service.store.states import IllegalTransition
 from service.store.tokens import Conflict, NotFound
+
+log = logging.getLogger(__name__)
 
 
 class ApiError(Exception):
@@ -44,6 +47,12 @@ def error_response(status: int, code: str, message: str, *, fields: list[ErrorFi
                    details: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
     body = ErrorResponse(error=ErrorBody(code=code, message=message, fields=fields or [], details=details or {}))
     return _ErrorJson(body.model_dump(mode="json"), status_code=status, headers=headers)
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """Whether `exc` says the database could not be reached or dropped the connection (as opposed to a
+    statement it refused): connecting failed, or the driver saw the connection end."""
+    return isinstance(exc, OperationalError) or (isinstance(exc, DBAPIError) and exc.connection_invalidated)
 
 
 def _loc(parts: tuple[Any, ...]) -> str:
@@ -104,6 +113,16 @@ def install(app: FastAPI) -> None:
         # A unique or foreign key constraint that a concurrent request won first (e.g. two teams of one name).
         return error_response(409, "conflict", "the request conflicts with a concurrent change; read the"
                               f" current state and retry ({type(exc.orig).__name__})")
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        """Whatever nothing else handled, even in middleware, in the error shape: the database out of
+        reach is a 503 `database_unavailable` to retry; anything else a 500 `internal_error`."""
+        if database_unavailable(exc):
+            return error_response(503, "database_unavailable", "the database did not answer (a dropped or refused"
+                                  " connection); retry in a moment", headers={"Retry-After": "1"})
+        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        return error_response(500, "internal_error", "the server failed to answer this request; it is logged")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,6 +17,7 @@ from sqlalchemy.dialects.postgresql import insert as postgres_insert
 from sqlalchemy.dialects.sqlite import Insert as SqliteInsert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
 #: SQLite's own companions of a database file; it creates them with the database file's mode.
@@ -105,6 +107,11 @@ def make_engine(url: str) -> Engine:
     engine = create_engine(url, pool_size=40, max_overflow=10, pool_recycle=1800, pool_timeout=30,
                            json_serializer=msgspec.json.encode, json_deserializer=msgspec.json.decode)
 
+    @event.listens_for(engine, "checkout")
+    def _not_closed_by_server(conn: Any, _record: Any, _proxy: Any) -> None:
+        if closed_by_server(conn):
+            raise DisconnectionError("the server closed this pooled connection")  # the pool takes another
+
     @event.listens_for(engine, "connect")
     def _utc_session(conn: Any, _record: Any) -> None:
         # psycopg gives every timestamptz the session's time zone. The server's default is often a
@@ -118,6 +125,20 @@ def make_engine(url: str) -> Engine:
         conn.autocommit = autocommit
 
     return engine
+
+
+def closed_by_server(conn: Any) -> bool:
+    """Whether the server has ended an idle pooled psycopg connection (a restart, `pg_terminate_backend`,
+    an idle timeout), told without a round trip: an idle connection's socket has nothing to read
+    unless the server sent its farewell or closed it. The pool then replaces it before a statement
+    fails on it, so a request never sees the dead connection."""
+    if conn.closed:
+        return True
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
