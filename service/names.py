@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, WithJsonSchema
 
 _LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
@@ -26,6 +26,9 @@ def check_job_name(value: str) -> str:
     return value
 
 
-#: Team names and Kubernetes namespaces (a DNS label).
-Label = Annotated[str, AfterValidator(check_label)]
-JobName = Annotated[str, AfterValidator(check_job_name)]
+#: Team names and Kubernetes namespaces (a DNS label). The schema states the rule the validator enforces
+#: (the validator, not a schema pattern, checks it: its message is in words).
+Label = Annotated[str, AfterValidator(check_label), WithJsonSchema(
+    {"type": "string", "pattern": _LABEL.pattern, "minLength": 1, "maxLength": 63, "description": LABEL_RULE})]
+JobName = Annotated[str, AfterValidator(check_job_name), WithJsonSchema(
+    {"type": "string", "pattern": _JOB_NAME.pattern, "minLength": 1, "maxLength": 200, "description": JOB_NAME_RULE})]

@@ -36,7 +36,7 @@ class BatchOut(BaseModel):
                         422: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
              summary="Plan and queue several jobs at once, all or none")
 def create_jobs(body: BatchIn, principal: Person, db: Db, request: Request,
-                idempotency_key: Annotated[str | None, Header()] = None) -> Response:
+                idempotency_key: Annotated[str | None, Header(include_in_schema=False)] = None) -> Response:
     """201 with a summary of every new job, in order. Each spec gets the checks `POST /v1/jobs` makes
     (team, priority limit, backend, planning, pools); when any is refused, none is stored and the
     error names each refused item by index (`details.items`, fields `specs.<i>.<field>`). The jobs,

@@ -23,7 +23,7 @@ from service.store.pools import API, SourcedPool, delete_pool, effective_pools, 
 
 router = APIRouter(prefix="/v1/pools", tags=["pools"])
 ERRORS: dict[int | str, dict[str, object]] = {404: {"model": ErrorResponse}, 422: {"model": ErrorResponse}}
-PoolName = Annotated[str, Path(min_length=1, max_length=63, description="The pool's name (a DNS label).")]
+PoolName = Annotated[Label, Path(min_length=1, max_length=63, description="The pool's name (a DNS label).")]
 
 
 class PoolIn(Pool):
