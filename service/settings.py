@@ -84,6 +84,10 @@ class Settings(BaseSettings):
                                       " detects: 'gpu:0,1,2,3' (or '0,1,2,3': CUDA_VISIBLE_DEVICES ids), 'cpu:0-3'"
                                       " (CPU ids for affinity), or both joined by ';'. Unset: the GPUs"
                                       " $CUDA_VISIBLE_DEVICES or `nvidia-smi -L` names, and this process's CPUs.")
+    local_run_as: str | None = Field(None, description="An OS user the local backend runs every job's processes"
+                                     " as (the server must run as root; the runs folder under SHARDCTL_DATA_DIR"
+                                     " must be reachable by that user). Unset: jobs run as the server's own user,"
+                                     " which can read the server's files: single-tenant (docs/security.md).")
     kubeconfig: Path | None = None
     kubernetes_namespace: str = "default"
     kubernetes_namespaces: list[str] = Field(default_factory=list, description="Other namespaces specs may name.")

@@ -43,6 +43,8 @@ from workers.backends.base import (
 )
 from workers.backends.local_supervisor import (
     INHERITED,
+    PASS_THROUGH,
+    RunAs,
     job_checkpoint_dir,
     job_environment,
     node_commands,
@@ -94,13 +96,25 @@ class LocalBackend:
 
     name = "local"
 
-    def __init__(self, folder: Path, devices: local_devices.LocalDevices | None = None) -> None:
+    def __init__(self, folder: Path, devices: local_devices.LocalDevices | None = None, *,
+                 run_as: str | None = None) -> None:
         """`devices`: what attempts may hold (`local_devices`: disjoint `CUDA_VISIBLE_DEVICES`, CPU
         affinity on the `cpu` kind; an attempt that does not fit now is a `TransientBackendError`).
-        None: no device accounting, every attempt starts and inherits the server's devices."""
+        None: no device accounting, every attempt starts and inherits the server's devices.
+        `run_as`: the OS user every job runs as (`local_supervisor.RunAs`; `ValueError` saying what to
+        fix when it cannot be used); None: the server's own user."""
         self.folder = folder
         self.devices = devices
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.run_as = None if run_as is None else RunAs.of(run_as)
+        if self.run_as is not None:
+            os.chmod(self.folder, PASS_THROUGH)
+            blocked = self.run_as.can_reach(self.folder)
+            if blocked is not None:
+                raise ValueError(f"SHARDCTL_LOCAL_RUN_AS={run_as}: that user cannot reach the runs folder"
+                                 f" {self.folder}: {blocked} is not passable for it (mode"
+                                 f" {oct(blocked.stat().st_mode & 0o777)}); give it o+x, or set SHARDCTL_DATA_DIR"
+                                 " to a folder such as /var/lib/shardctl")
 
     def _dir(self, name: str) -> Path:
         return self.folder / name
@@ -135,7 +149,8 @@ class LocalBackend:
                 raise
         log = open_private_log(self.folder / f".{req.name}.supervisor.log")
         try:
-            subprocess.Popen([sys.executable, "-m", "workers.backends.local_supervisor", str(tmp), str(final)],
+            subprocess.Popen([sys.executable, "-m", "workers.backends.local_supervisor", str(tmp), str(final),
+                              *([self.run_as.name] if self.run_as is not None else [])],
                              start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                              stderr=log, env=supervisor_environment())
         finally:

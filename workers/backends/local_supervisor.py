@@ -1,24 +1,34 @@
-"""Runs one local attempt, detached from the service: `python -m workers.backends.local_supervisor TMP FINAL`.
+"""Runs one local attempt, detached from the service:
+`python -m workers.backends.local_supervisor TMP FINAL [RUN_AS]`.
 
 It first claims the attempt by renaming TMP to FINAL (atomic; if FINAL exists another submission
 already owns the name and this process exits without running anything). It then starts one
 `torchrun` agent per simulated node, forwards SIGTERM to them, and writes `exit.json` when all
 have finished. The service can restart at any time: the state is in the folder, not in memory.
+
+With RUN_AS (an OS user; the supervisor runs as root) the job's processes run as that user: the folders
+the job writes (out/, home/, its rank logs, its checkpoints) become the user's, the folders on the way
+there are passed through but not listed (0711), and the rest of the attempt folder (request.json with
+the job token, state.json, the node logs) stays the server's, 0600.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pwd
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from service.backend_options import LocalOptions, time_limit_seconds
 from service.jobenv import CHECKPOINT_DIR, PREEMPTED_EXIT_CODE
@@ -119,7 +129,52 @@ def single_process_env(endpoint: str) -> dict[str, str]:
             "ROLE_RANK": "0", "MASTER_ADDR": host, "MASTER_PORT": port}
 
 
-def main(tmp: Path, final: Path) -> int:
+@dataclass(frozen=True)
+class RunAs:
+    """The OS user a local attempt's processes run as, when it is not the server's own."""
+
+    name: str
+    uid: int
+    gid: int
+
+    @classmethod
+    def of(cls, name: str) -> RunAs:
+        """The account `name`; `ValueError` naming the fix when there is none, or when this process (not
+        root) could not switch to it."""
+        try:
+            account = pwd.getpwnam(name)
+        except KeyError:
+            raise ValueError(f"SHARDCTL_LOCAL_RUN_AS: no OS user {name!r} on this machine; create it (useradd"
+                             " --system --no-create-home NAME) or unset it") from None
+        if account.pw_uid == 0:
+            raise ValueError(f"SHARDCTL_LOCAL_RUN_AS: {name!r} is root; name an unprivileged user")
+        if os.geteuid() != 0:
+            raise ValueError(f"SHARDCTL_LOCAL_RUN_AS={name} needs the server to run as root, to start jobs as"
+                             " that user; run serve/worker as root, or unset it")
+        return cls(name=name, uid=account.pw_uid, gid=account.pw_gid)
+
+    def can_reach(self, folder: Path) -> Path | None:
+        """The first folder on the way to `folder` (itself included) that this user cannot pass through,
+        or None when it can reach `folder`."""
+        for part in [*reversed(folder.resolve().parents), folder.resolve()]:
+            st = part.stat()
+            bit = stat.S_IXUSR if st.st_uid == self.uid else stat.S_IXGRP if st.st_gid == self.gid else stat.S_IXOTH
+            if not st.st_mode & bit:
+                return part
+        return None
+
+    def give(self, *folders: Path) -> None:
+        """Make `folders` the user's own (where the job writes: out/, home/, its rank logs, checkpoints)."""
+        for folder in folders:
+            os.chown(folder, self.uid, self.gid)
+
+
+#: The mode of the folders a job run as another user passes through but may not list: the runs folder,
+#: the attempt folder and the checkpoints folder (the attempt's request.json and state files stay 0600).
+PASS_THROUGH = 0o711
+
+
+def main(tmp: Path, final: Path, run_as: RunAs | None = None) -> int:
     os.umask(PRIVATE_UMASK)  # what the supervisor and the job create is private too (logs, out/, home/)
     try:
         with local_devices.locked(final.parent):  # a device claim never sees the folder between two names
@@ -134,6 +189,12 @@ def main(tmp: Path, final: Path) -> int:
     job_home(final).mkdir(mode=0o700, exist_ok=True)
     checkpoints = job_checkpoint_dir(final.parent, req.job_id)
     checkpoints.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if run_as is not None:
+        for rank in range(req.nodes):
+            rank_log_dir(final, rank).mkdir(mode=0o700, parents=True, exist_ok=True)
+        for folder in (final, checkpoints.parent):
+            os.chmod(folder, PASS_THROUGH)
+        run_as.give(final / "out", job_home(final), final / "ranks", *final.joinpath("ranks").iterdir(), checkpoints)
     launch_error: str | None = None
     writer_lock: int | None = None
     try:  # nothing of an earlier attempt may run beside this one, nor write its checkpoints
@@ -172,7 +233,8 @@ def main(tmp: Path, final: Path) -> int:
         try:
             children.append(subprocess.Popen(command, cwd=final / "out", env=node_env, stdout=log,
                                              stderr=subprocess.STDOUT, pass_fds=inherited_lock,
-                                             preexec_fn=_pin(devices.node_cpus(rank) if devices else None)))
+                                             preexec_fn=_pin(devices.node_cpus(rank) if devices else None),
+                                             **_account(run_as)))
         except OSError as exc:  # exec refused it (E2BIG, ENOENT, EACCES): a launch error, reported as such
             launch_error = f"node{rank} could not start {command[0]!r}: {exc}"
             os.write(log, f"shardctl: {launch_error}\n".encode())
@@ -193,6 +255,11 @@ def main(tmp: Path, final: Path) -> int:
                                  "preempted": not cancelled and not limit.reached  # a time limit's SIGTERM
                                  and local_preemption.ended_preempted(final, codes)})  # is not a preemption
     return 0
+
+
+def _account(run_as: RunAs | None) -> dict[str, Any]:
+    """`Popen`'s arguments that start a process as `run_as` (its user, its group, no other group)."""
+    return {} if run_as is None else {"user": run_as.uid, "group": run_as.gid, "extra_groups": []}
 
 
 def _pin(cpus: set[int] | None) -> Callable[[], None] | None:
@@ -272,4 +339,4 @@ def oom_kills_since(before: int | None) -> int | None:
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1]), Path(sys.argv[2])))
+    sys.exit(main(Path(sys.argv[1]), Path(sys.argv[2]), RunAs.of(sys.argv[3]) if len(sys.argv) > 3 else None))

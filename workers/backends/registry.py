@@ -13,11 +13,14 @@ from workers.backends.local_devices import LocalDevices
 
 
 def make_backends(settings: Settings) -> dict[str, Backend]:
-    """`local` always (its devices from `settings.local_devices`, else detected); `slurm` when `sbatch` is
+    """`local` always (its devices from `settings.local_devices`, else detected; run as
+    `settings.local_run_as` when set: `LocalBackend` raises `ValueError` saying what is wrong with it);
+    `slurm` when `sbatch` is
     on PATH; `kubernetes` when a kubeconfig (settings or
     $KUBECONFIG) or an in-cluster service account is there."""
     devices = LocalDevices.parse(settings.local_devices) if settings.local_devices else LocalDevices.detect()
-    backends: dict[str, Backend] = {"local": LocalBackend(settings.data_dir / "local", devices)}
+    backends: dict[str, Backend] = {"local": LocalBackend(settings.data_dir / "local", devices,
+                                                          run_as=settings.local_run_as)}
     if shutil.which("sbatch"):
         from workers.backends.slurm import SlurmBackend
 
