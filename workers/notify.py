@@ -3,11 +3,12 @@ threads, so that a receiver that hangs never slows the dispatcher.
 
 One round (`run_once`, or continuously `run_forever`):
 
-1. **Lease** due outbox rows (pending, `next_attempt_at` passed, no live lease) in one transaction:
-   each gets this worker's name, a lease expiry and its attempt number (`attempts + 1`), committed
-   before anything is sent. PostgreSQL takes the rows `FOR UPDATE SKIP LOCKED`, so replicas never
-   take the same row; SQLite serialises writers. A row whose subscription was deleted or disabled
-   is closed as skipped.
+1. **Lease** due outbox rows (pending, `next_attempt_at` passed, no live lease) in one transaction,
+   round-robin across subscriptions (`due_in_turn`): each gets this worker's name, a lease expiry
+   and its attempt number (`attempts + 1`), committed before anything is sent. PostgreSQL takes the
+   rows `FOR UPDATE SKIP LOCKED`, so replicas never take the same row; SQLite serialises writers. A
+   row whose subscription was disabled, or deleted after the row's transaction read it as live, is
+   closed as skipped.
 2. **Send** each on a bounded pool (`concurrency` at once, `timeout_s` each): a JSON POST signed
    with every valid secret (`service.notify.signing`), headers `Shardctl-Event-Id` (the event's id,
    the same on every attempt) and `Shardctl-Delivery-Id` (new each attempt). The address is checked
@@ -37,7 +38,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-from sqlalchemy import or_, select
+from sqlalchemy import Select, case, func, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.notify import signing
@@ -99,6 +100,31 @@ class Answer:
     connect_failed: bool = False  # no connection to that address: the next checked one is tried
 
 
+def due_in_turn(now: datetime, limit: int) -> Select[OutboxEntry]:
+    """Up to `limit` outbox rows due at `now` and not leased, taken round-robin across subscriptions.
+
+    Each subscription's due rows are numbered oldest first (`next_attempt_at`, then id), after its
+    rows in flight (leased, lease not expired) by any worker: a subscription with k in flight offers
+    its oldest due row as its (k+1)-th. Rows are taken by that number, then oldest first. So a
+    subscription's backlog never holds back another's deliveries: each subscription with a due row
+    gets the next free slot before any gets a second one, and a worker with few free slots gives them
+    to the subscriptions with the fewest in flight. When one subscription alone has due rows, it gets
+    every slot.
+
+    The due conditions are in the outer query too: on PostgreSQL, where the caller locks the rows
+    `FOR UPDATE SKIP LOCKED`, a row another worker leased and committed since the ranking read it is
+    checked again on its new version, and left out.
+    """
+    free = or_(OutboxEntry.lease_expires_at.is_(None), OutboxEntry.lease_expires_at < now)
+    turn = (select(OutboxEntry.id, func.row_number().over(
+                partition_by=OutboxEntry.webhook_id,
+                order_by=(case((free, 1), else_=0), OutboxEntry.next_attempt_at, OutboxEntry.id)).label("turn"))
+            .where(OutboxEntry.next_attempt_at <= now).subquery("turn"))
+    return (select(OutboxEntry).join(turn, turn.c.id == OutboxEntry.id)
+            .where(OutboxEntry.next_attempt_at <= now, free)
+            .order_by(turn.c.turn, OutboxEntry.next_attempt_at, OutboxEntry.id).limit(limit))
+
+
 class Notifier:
     """Delivers the outbox of `sessions`' database; see the module's docstring."""
 
@@ -143,14 +169,11 @@ class Notifier:
     # -- lease, send, record ------------------------------------------------------------------------
 
     def lease(self, limit: int) -> list[Leased]:
-        """Take up to `limit` due rows and count their attempt, in one transaction."""
+        """Take up to `limit` due rows (`due_in_turn`) and count their attempt, in one transaction."""
         now = utcnow()
         out: list[Leased] = []
         with self.sessions.begin() as session:
-            stmt = (select(OutboxEntry).where(OutboxEntry.next_attempt_at <= now,
-                                              or_(OutboxEntry.lease_expires_at.is_(None),
-                                                  OutboxEntry.lease_expires_at < now))
-                    .order_by(OutboxEntry.next_attempt_at, OutboxEntry.id).limit(limit))
+            stmt = due_in_turn(now, limit)
             if self._postgres:
                 stmt = stmt.with_for_update(skip_locked=True, of=OutboxEntry)
             for row in session.scalars(stmt).unique():

@@ -7,11 +7,13 @@ Imported at the end of `service.store.models`, so that these tables are part of 
 - `Webhook`: a subscription. `team_id` NULL means every team (admin only). The signing secret is
   stored as it is (it signs, so it cannot be hashed); the API shows it once. After a rotation the
   previous secret keeps signing beside the new one until `previous_secret_expires_at`. A deleted
-  subscription keeps its row (`deleted_at`) so that its deliveries stay readable.
+  subscription keeps its row (`deleted_at`) so that its deliveries stay readable; its pending outbox
+  rows go in the deleting transaction (`service.store.webhooks.delete_webhook`).
 - `OutboxEntry`: one (webhook, event) pair, written in the transaction that wrote the event. It is
   pending while `next_attempt_at` is set; its body (`payload`) is fixed when written, so every
-  attempt sends the same document. A delivery worker leases it (`lease_owner`, `lease_expires_at`)
-  and counts the attempt (`attempts`) in one commit before it sends, so no attempt is made twice.
+  attempt sends the same document. A delivery worker leases it (`lease_owner`, `lease_expires_at`),
+  in turn with the other subscriptions' rows (`workers.notify.due_in_turn`), and counts the attempt
+  (`attempts`) in one commit before it sends, so no attempt is made twice.
 - `Delivery`: one attempt: its public id (the `Shardctl-Delivery-Id` header), status code, latency,
   the first bytes of the response, the error, and what came of it.
 """
@@ -41,7 +43,7 @@ class OutboxState(StrEnum):
     PENDING = "pending"
     DELIVERED = "delivered"
     FAILED = "failed"  # a final answer (4xx), the horizon passed, or the receiver is gone (410)
-    SKIPPED = "skipped"  # the subscription was deleted or disabled before it was sent
+    SKIPPED = "skipped"  # the subscription was deleted or disabled before it was delivered
 
 
 class DeliveryOutcome(StrEnum):

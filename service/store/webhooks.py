@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import ColumnElement, Exists, and_, exists, or_, select, update
+from sqlalchemy import ColumnElement, Exists, and_, delete, exists, or_, select, update
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from service.store.models import Event, Job, Team, utcnow
@@ -128,9 +128,19 @@ def visible_webhook(session: Session, principal: Principal, public_id: str, *, f
 
 
 def delete_webhook(session: Session, principal: Principal, public_id: str) -> Webhook:
-    """Deleted for good: nothing more is delivered (pending deliveries are skipped); its log stays."""
+    """Deleted for good, in the caller's transaction: nothing more is delivered, and nothing of it is
+    left pending. Its pending outbox rows never attempted are deleted; those attempted before (the
+    deliveries log names them), or in flight now, are closed as skipped, their lease cleared, so that
+    an attempt in flight is logged and schedules nothing more. Its deliveries log stays."""
     row = visible_webhook(session, principal, public_id, for_update=True)
-    row.deleted_at = utcnow()
+    now = utcnow()
+    row.deleted_at = now
+    pending = and_(OutboxEntry.webhook_id == row.id, OutboxEntry.next_attempt_at.is_not(None))
+    # Attempts are counted in the lease's commit, before the send: a row at 0 has no attempt logged or
+    # in flight. On PostgreSQL a row leased concurrently is re-read at its new count and kept here.
+    session.execute(delete(OutboxEntry).where(pending, OutboxEntry.attempts == 0))
+    session.execute(update(OutboxEntry).where(pending).values(
+        state=OutboxState.SKIPPED, next_attempt_at=None, done_at=now, lease_owner=None, lease_expires_at=None))
     return row
 
 

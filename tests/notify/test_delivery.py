@@ -150,7 +150,21 @@ def test_a_deleted_subscription_gets_nothing_more(env: Env, admin: dict[str, str
         assert notifier(env).run_once() == 0
     assert rec.got == []
     with env.app.state.sessions.begin() as session:
-        assert [row.state for row in session.scalars(select(OutboxEntry))] == [OutboxState.SKIPPED]
+        assert list(session.scalars(select(OutboxEntry))) == []  # never attempted: dropped with it
+
+
+def test_a_disabled_subscriptions_pending_deliveries_are_skipped(env: Env, admin: dict[str, str]) -> None:
+    with receiver([410]) as rec:
+        subscribe(env, admin, rec.url, ["job.queued"])
+        submit(env, admin, name="first")
+        submit(env, admin, name="second")
+        worker = notifier(env, concurrency=1)
+        assert worker.run_once() == 1  # 410: disabled
+        assert worker.run_once() == 0
+    assert len(rec.got) == 1
+    with env.app.state.sessions.begin() as session:
+        assert [row.state for row in session.scalars(select(OutboxEntry).order_by(OutboxEntry.id))] == [
+            OutboxState.FAILED, OutboxState.SKIPPED]
 
 
 @pytest.mark.slow
