@@ -30,6 +30,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import ColumnElement, and_, false, not_, or_, select, text, update
 from sqlalchemy.orm import Session
 
+from service.lifecycle import UNSUBMITTED
 from service.scheduling import engine
 from service.scheduling.decisions import Decision
 from service.scheduling.snapshot import SnapshotParams, build_snapshot
@@ -94,7 +95,7 @@ def lease(session: Session, *, now: datetime, owner: str, lease_s: float, batch:
         holds = or_(holds, Job.backend.not_in(managed))
     else:  # nothing to admit: every queued job goes, as before admission (Kueue's below, with their pool)
         holds = or_(holds, and_(Job.status == S.QUEUED, not_(of_kueue)) if kueue else Job.status == S.QUEUED)
-    stmt = (select(Job.id).where(Job.status.in_([S.QUEUED, S.SUBMITTING]), expired, holds)
+    stmt = (select(Job.id).where(Job.status.in_(UNSUBMITTED), expired, holds)
             .order_by(Job.priority.desc(), Job.id).limit(batch))
     if postgres:
         stmt = stmt.with_for_update(skip_locked=True)

@@ -43,6 +43,7 @@ from sqlalchemy.orm import Session, aliased, selectinload, sessionmaker
 
 from service.failures import OUT_OF_MEMORY, measured_oom
 from service.jobenv import JobEnv
+from service.lifecycle import PREEMPTIBLE, TRACKED, UNSUBMITTED
 from service.observability import counters
 from service.planner import replan
 from service.planner.result import Plan
@@ -83,7 +84,6 @@ def failpoint(name: str) -> None:
     if os.environ.get(FAILPOINT_ENV) == name:
         os.kill(os.getpid(), signal.SIGKILL)
 S = JobStatus
-TRACKED = (S.PENDING, S.RUNNING, S.CANCELLING)
 MISSING_GRACE = timedelta(seconds=60)
 #: jobs whose observations one transaction writes (`Dispatcher.apply_many`)
 APPLY_CHUNK = 200
@@ -258,7 +258,7 @@ class Dispatcher:
         then PENDING with the backend's id."""
         with self.sessions.begin() as session:
             job = self._owned(session, job_id)
-            if job is None or job.status not in (S.QUEUED, S.SUBMITTING):
+            if job is None or job.status not in UNSUBMITTED:
                 return
             backend = self.backends.get(job.backend)
             if backend is None:  # the API checks at submit; the configuration changed since
@@ -387,7 +387,7 @@ class Dispatcher:
         with self.sessions.begin() as session:
             job = session.get(Job, job_id, with_for_update=self._postgres)
             backend = self.backends.get(job.backend) if job is not None else None
-            if job is None or backend is None or job.status not in (S.PENDING, S.RUNNING) or not job.attempts:
+            if job is None or backend is None or job.status not in PREEMPTIBLE or not job.attempts:
                 log.info("not preempting job %s: it is not running here", job_id)
                 return None
             attempt = job.attempts[-1]

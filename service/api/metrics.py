@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.api.errors import ApiError
 from service.api.scheduling_metrics import SchedulingCollector
+from service.lifecycle import UNSUBMITTED
 from service.observability import counters
 from service.observability import exposition as shown
 from service.observability.exposition import TEAM_LABEL, WithoutTeams
@@ -29,7 +30,7 @@ from service.settings import Settings
 from service.store.jobs import count_by_status_and_team
 from service.store.models import Job, Team, as_utc, utcnow
 from service.store.tokens import authenticate
-from service.store.vocab import JobStatus, Role
+from service.store.vocab import Role
 
 __all__ = ["TEAM_LABEL", "JobsCollector", "Metrics", "QueueLagCollector", "WithoutTeams", "authorize_scrape",
            "exposition", "make_metrics"]
@@ -60,7 +61,7 @@ class QueueLagCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         now = utcnow()
         since = func.min(func.coalesce(Job.lease_expires_at, Job.updated_at))
-        waiting = (Job.status.in_([JobStatus.QUEUED, JobStatus.SUBMITTING]),
+        waiting = (Job.status.in_(UNSUBMITTED),
                    or_(Job.lease_expires_at.is_(None), Job.lease_expires_at < now))
         help_text = "Age of the oldest job waiting to be leased (0: none waits)."
         with self.sessions.begin() as session:
@@ -99,7 +100,7 @@ def make_metrics(sessions: sessionmaker[Session], *, team_labels: bool = False) 
     registry = CollectorRegistry()
     registry.register(JobsCollector(sessions))
     registry.register(QueueLagCollector(sessions, team_labels=team_labels))
-    registry.register(SchedulingCollector(sessions, team_labels=team_labels))  # shared GPUs (issue 12)
+    registry.register(SchedulingCollector(sessions, team_labels=team_labels))  # shared GPUs: usage, quotas, admission
     registry.register(counters.REGISTRY)
     return Metrics(
         registry=registry,

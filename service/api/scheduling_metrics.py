@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.lifecycle import HOLDING
 from service.observability.exposition import TEAM_LABEL
 from service.store.models import Job, Team, as_utc, utcnow
 from service.store.quotas import all_quotas
@@ -30,7 +31,6 @@ from service.store.usage import total_gpu_seconds
 from service.store.vocab import JobStatus
 
 S = JobStatus
-HOLDING = (S.QUEUED, S.SUBMITTING, S.PENDING, S.RUNNING, S.CANCELLING)
 LABELS = [TEAM_LABEL, "gpu"]
 
 

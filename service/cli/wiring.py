@@ -197,10 +197,11 @@ def release_leases(sessions: Sessions, owner: str, *, submitting: bool) -> int:
     then the next dispatcher finds or submits them by name). Returns how many were released."""
     from sqlalchemy import update
 
+    from service.lifecycle import UNSUBMITTED
     from service.store.models import Job
     from service.store.vocab import JobStatus
 
-    statuses = [JobStatus.QUEUED, JobStatus.SUBMITTING] if submitting else [JobStatus.QUEUED]
+    statuses = UNSUBMITTED if submitting else {JobStatus.QUEUED}
     with sessions.begin() as session:
         result = session.execute(update(Job).where(Job.lease_owner == owner, Job.status.in_(statuses))
                                  .values(lease_owner=None, lease_expires_at=None)

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
+from service.lifecycle import MILESTONES, TERMINAL
 from service.observability import counters
 from service.observability import deliveries as _deliveries  # noqa: F401 (registers its listeners)
 from service.redaction import redact_value
@@ -25,7 +26,6 @@ from service.store.vocab import EventKind, JobStatus
 log = logging.getLogger("shardctl.jobs")
 
 _PENDING = "shardctl.transitions"
-_TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
 #: The event data keys that name an attempt's failure class (the enum's or the older string).
 _FAILURE_KEYS = ("failure_class", "failure")
 
@@ -69,7 +69,7 @@ def failure_class_of(data: dict[str, Any]) -> str | None:
 
 
 def _first_time(session: Session, job: Job, target: JobStatus) -> bool:
-    if target not in (JobStatus.SUBMITTING, JobStatus.RUNNING):
+    if target not in MILESTONES:
         return False
     earlier = select(Event.id).where(Event.job_id == job.id, Event.kind == EventKind.status(target)).limit(1)
     with session.no_autoflush:  # earlier events are committed already; flush nothing early
@@ -108,7 +108,7 @@ def emit(moved: Moved) -> None:
     failed = moved.target == JobStatus.FAILED or (moved.target == JobStatus.QUEUED and moved.failure_class)
     if failed:
         counters.FAILURES.labels(**labels, failure_class=moved.failure_class or "unknown").inc()
-    if moved.target in _TERMINAL:
+    if moved.target in TERMINAL:
         counters.FINISHED.labels(**labels, status=moved.target.value).inc()
 
 

@@ -22,6 +22,7 @@ from datetime import datetime
 from sqlalchemy import String, and_, or_, select, type_coerce
 from sqlalchemy.orm import Session
 
+from service.lifecycle import HOLDING
 from service.scheduling.model import FlavorQuota, Pool, TeamQuota
 from service.scheduling.state import RunningJob, Snapshot, WaitingJob
 from service.settings import Settings
@@ -32,8 +33,6 @@ from service.store.usage import decayed_usage
 from service.store.vocab import FailureClass, JobStatus
 
 S = JobStatus
-#: statuses of a job that holds (or, QUEUED with a pool, is about to use) its admission
-HOLDING = (S.QUEUED, S.SUBMITTING, S.PENDING, S.RUNNING, S.CANCELLING)
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session, selectinload, undefer
 from sqlalchemy.sql.elements import KeyedColumnElement
 
 from service.backend_options import BackendKind
+from service.lifecycle import SUBMITTED, TERMINAL
 from service.planner.result import Plan
 from service.spec import TrainingSpec
 from service.store.driver_select import DriverSelect, driver_reads
@@ -48,7 +49,7 @@ from service.store.job_sort import (
 from service.store.known_tokens import TOKEN_LIVE, LiveValues, Unproven
 from service.store.models import Attempt, Event, IdempotencyKey, Job, Measurement, Team, as_utc
 from service.store.queue_view import invalidate as invalidate_queue_view
-from service.store.states import TERMINAL, add_event, transition
+from service.store.states import add_event, transition
 from service.store.tokens import Conflict, NotFound, Principal
 from service.store.visibility import can_see, visibility_values, visible_where
 from service.store.vocab import AttemptStatus, EventKind, FailureClass, JobStatus, MeasurementKind, Role
@@ -436,7 +437,7 @@ def cancel_job(session: Session, principal: Principal, job_id: int) -> Job:
     status = job.status
     if status == JobStatus.QUEUED:
         transition(session, job, JobStatus.CANCELLED, actor=principal.actor, message="cancelled before submission")
-    elif status in (JobStatus.SUBMITTING, JobStatus.PENDING, JobStatus.RUNNING):
+    elif status in SUBMITTED:
         transition(session, job, JobStatus.CANCELLING, actor=principal.actor, message="cancel requested")
     return job
 

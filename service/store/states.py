@@ -1,11 +1,5 @@
-"""The job state machine: the one place that says which status may follow which.
-
-```
-QUEUED -> SUBMITTING -> PENDING -> RUNNING -> SUCCEEDED | FAILED
-   |          |            |          |
-   +----------+------------+----------+--> CANCELLING -> CANCELLED
-(QUEUED -> CANCELLED directly; SUBMITTING/PENDING/RUNNING -> QUEUED to retry)
-```
+"""Moving a job between states in the store: `transition`, the only writer of a job's status, holds every
+move to `service.lifecycle.ALLOWED` (the table and the named sets of states live there).
 
 Terminal states are final. `transition` changes a job and appends its event in the caller's
 transaction, so both land or neither does.
@@ -17,23 +11,13 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from service.lifecycle import TERMINAL, allowed
 from service.observability.transitions import record_transition
 from service.store.models import Event, Job, utcnow
 from service.store.vocab import EventKind, JobStatus
 from service.store.webhooks import enqueue as enqueue_deliveries
 
 S = JobStatus
-TERMINAL: frozenset[JobStatus] = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED})
-ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
-    S.QUEUED: frozenset({S.SUBMITTING, S.CANCELLED}),
-    S.SUBMITTING: frozenset({S.PENDING, S.RUNNING, S.SUCCEEDED, S.FAILED, S.QUEUED, S.CANCELLING}),
-    S.PENDING: frozenset({S.RUNNING, S.SUCCEEDED, S.FAILED, S.QUEUED, S.CANCELLING}),
-    S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.QUEUED, S.CANCELLING}),
-    S.CANCELLING: frozenset({S.CANCELLED, S.SUCCEEDED, S.FAILED}),
-    S.SUCCEEDED: frozenset(),
-    S.FAILED: frozenset(),
-    S.CANCELLED: frozenset(),
-}
 
 
 class IllegalTransition(ValueError):
@@ -58,7 +42,7 @@ def transition(session: Session, job: Job, to: JobStatus, *, actor: str, message
     """Move `job` to `to` and append a `job.<status>` event; raise `IllegalTransition` otherwise. Once the
     transaction commits, the move is logged (`shardctl.jobs`: job_id, from, to, actor) and counted."""
     current = job.status
-    if to not in ALLOWED[current]:
+    if not allowed(current, to):
         raise IllegalTransition(job.id, current, to)
     job.status = to
     now = utcnow()

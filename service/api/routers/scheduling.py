@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from service.api.deps import Admin, Caller, Db, Person
 from service.api.errors import ApiError
 from service.api.schemas import ErrorField, ErrorResponse
+from service.lifecycle import AT_BACKEND_WAITING, TERMINAL, UNSUBMITTED
 from service.names import Label
 from service.scheduling import engine
 from service.scheduling.decisions import Eta, Explanation, Reason, ReasonCode
@@ -139,7 +140,7 @@ S = JobStatus
 def _not_waiting(job: Job, pools_managed: bool) -> Explanation | None:
     """The explanation of a job that does not wait for admission; None for one that does."""
     status = job.status.value
-    if job.status in (S.SUCCEEDED, S.FAILED, S.CANCELLED):
+    if job.status in TERMINAL:
         return Explanation(status=status, admitted=job.admitted_at is not None, pool=job.pool,
                            note=f"job {job.id} has ended ({status}); it no longer waits")
     if not pools_managed:
@@ -152,7 +153,7 @@ def _not_waiting(job: Job, pools_managed: bool) -> Explanation | None:
         return Explanation(status=status, admitted=True, pool=job.pool, note=f"job {job.id} is running{where}")
     if job.status == S.CANCELLING:
         return Explanation(status=status, admitted=True, pool=job.pool, note=f"job {job.id} is being cancelled")
-    if job.status in (S.QUEUED, S.SUBMITTING):
+    if job.status in UNSUBMITTED:
         return Explanation(status=status, admitted=True, pool=job.pool,
                            note=f"job {job.id} is admitted{where}; a dispatcher is submitting it to its backend")
     reason = Reason(code=ReasonCode.BACKEND_PENDING, message=f"admitted{where}; waiting for the {job.backend.value}"
@@ -172,7 +173,7 @@ def _backend_pending(session: Session, job: Job, base: Explanation, pools_manage
     `backend_pending` reason quoting the backend, and an `eta` that puts shardctl's own band (0: it
     is admitted, shardctl holds nothing back; none when shardctl does not queue this backend) next
     to the backend's estimate (`backend_start_s`, seconds from now). `base` unchanged otherwise."""
-    if job.status not in (S.PENDING, S.SUBMITTING) or not job.attempts:
+    if job.status not in AT_BACKEND_WAITING or not job.attempts:
         return base
     last = last_backend_pending(session, job.id, job.attempts[-1].number)
     if last is None or (last.reason is None and last.expected_start is None):
