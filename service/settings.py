@@ -120,6 +120,12 @@ class Settings(BaseSettings):
         " never logged). Its form is a shardctl token, shc_<id>_<secret>: id 8 to 32 letters and digits, secret"
         " 32 to 200 of [A-Za-z0-9_-]; e.g. python -c \"import secrets; print('shc_' + secrets.token_hex(8) + '_'"
         " + secrets.token_urlsafe(32))\".")
+    ui_session_idle_s: float = Field(
+        7200.0, gt=0, le=30 * 86400, description="A dashboard session ends after this long without a page"
+        " request (live updates on an open page do not count); then the person signs in again.")
+    ui_session_max_s: float = Field(
+        43200.0, gt=0, le=365 * 86400, description="A dashboard session ends this long after sign-in, however"
+        " active it is.")
     forwarded_auth: bool = Field(False, description="Trust user and group headers from an authenticating proxy"
                                  " (oauth2-proxy...) at the addresses in forwarded_trusted_proxies. Off: those"
                                  " headers are ignored entirely.")

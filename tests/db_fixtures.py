@@ -7,6 +7,7 @@ Without it the PostgreSQL runs skip with the reason, except under CI=true, where
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import threading
 import time
@@ -24,6 +25,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from service.api.app import create_app
+from service.api.ui.session import COOKIE
 from service.settings import Settings
 from service.store import migrate
 from service.store.db import make_engine
@@ -103,6 +105,22 @@ class Env:
 
     def headers(self, token: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {token}"}
+
+    def sign_in_ui(self, token: str) -> str:
+        """Sign in to the dashboard with `token` through its form, as a browser does: `client` then holds
+        the session's cookie (any earlier one is dropped first). Returns the session's CSRF token, as the
+        page signed in to carries it."""
+        self.client.cookies.delete(COOKIE)
+        form = self.client.get("/ui/login")
+        nonce = re.search(r'name="csrf" value="([^"]+)"', form.text)
+        assert form.status_code == 200 and nonce is not None, form.text[:500]
+        done = self.client.post("/ui/login", data={"token": token, "csrf": nonce.group(1), "next": "/ui/jobs"},
+                                follow_redirects=False)
+        assert done.status_code == 303 and done.headers["location"] == "/ui/jobs", done.text[:500]
+        page = self.client.get("/ui/jobs")
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
+        assert page.status_code == 200 and csrf is not None, page.text[:500]
+        return csrf.group(1)
 
 
 def _env(url: str, tmp_path: Path, **settings: Any) -> Iterator[Env]:

@@ -41,7 +41,7 @@ def for_stream(principal: Principal, credentials: HTTPAuthorizationCredentials |
 
 
 def as_stream_auth(auth: StreamAuth | str, token_grace_s: float) -> StreamAuth:
-    """`auth`, or a bearer secret (the dashboard's session token) as one."""
+    """`auth`, or a bearer secret as one (the dashboard passes its session's check, `ui.session.stream_auth`)."""
     return bearer_again(auth, token_grace_s) if isinstance(auth, str) else auth
 
 

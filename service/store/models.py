@@ -1,4 +1,5 @@
-"""SQLAlchemy 2 models: teams, tokens, jobs, attempts, events, idempotency keys, measurements.
+"""SQLAlchemy 2 models: teams, tokens, dashboard sessions, jobs, attempts, events, idempotency keys and
+measurements.
 
 Every column the API filters or sorts on has an index. JSON documents (spec, plan, event data,
 measurements) use the generic JSON type: JSONB on PostgreSQL, text on SQLite. A job's spec and
@@ -147,6 +148,19 @@ class ApiToken(Base):
     team: Mapped[Team | None] = relationship(lazy="joined")
 
 
+class UiSessionRow(Base):
+    """A dashboard sign-in (`service.store.ui_sessions`), made with the API token `token_id`. The cookie
+    holds the session's id; only its SHA-256 is stored, as the primary key (the lookup of every page)."""
+
+    __tablename__ = "ui_sessions"
+
+    id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    token_id: Mapped[str] = mapped_column(ForeignKey("api_tokens.id"), index=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    last_seen_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UtcDateTime())
+
+
 class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (
@@ -181,7 +195,7 @@ class Job(Base):
     # Dispatcher lease (dispatcher issue): who holds the row and until when.
     lease_owner: Mapped[str | None] = mapped_column(String(64))
     lease_expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    # Shared GPUs (issue 12): what it needs, copied from the plan at submission, and where it was admitted.
+    # Shared GPUs: what it needs, copied from the plan at submission, and where it was admitted.
     gpu: Mapped[str] = mapped_column(String(64), default="")  # the GPU kind (or cpu)
     gpus: Mapped[int] = mapped_column(Integer, default=1)  # GPUs (cpu slots) it needs: the plan's world size
     pool: Mapped[str | None] = mapped_column(String(63))  # the pool it was admitted to; None while it waits
@@ -265,7 +279,7 @@ class Measurement(Base):
 # them in `Base.metadata` wherever the models are loaded.
 from service.store import notify_models as notify_models  # noqa: E402
 
-# -- shared GPUs (issue 12): pools and team quotas as the admin declared them ----------------------
+# -- shared GPUs: pools and team quotas as the admin declared them ---------------------------------
 
 
 class PoolRow(Base):
@@ -290,7 +304,7 @@ class TeamQuotaRow(Base):
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
-# The dispatcher's queue view (explain as a lookup) and calibration samples with their cursor (issue 16)
+# The dispatcher's queue view (explain as a lookup) and calibration samples with their cursor
 # live in their own modules, loaded with the models.
 from service.store import calibration_models as calibration_models  # noqa: E402
 from service.store import queue_models as queue_models  # noqa: E402

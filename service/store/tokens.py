@@ -9,12 +9,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Select, bindparam, or_, select
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy import Connection, Select, bindparam, delete, or_, select
 from sqlalchemy.orm import Session
 
-from service.store.models import ApiToken, Job, Team, as_utc, utcnow
+from service.store.db import upsert_into
+from service.store.models import ApiToken, Job, Team, UiSessionRow, as_utc, utcnow
 from service.store.vocab import Role
 
 TOKEN_PREFIX = "shc"
@@ -88,8 +87,7 @@ def ensure_team(session: Session, name: str) -> Team:
     team = session.scalar(select(Team).where(Team.name == name))
     if team is not None:
         return team
-    insert = postgresql_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-    session.execute(insert(Team).values(name=name, created_at=utcnow())
+    session.execute(upsert_into(session, Team).values(name=name, created_at=utcnow())
                     .on_conflict_do_nothing(index_elements=[Team.name]))
     return session.scalars(select(Team).where(Team.name == name)).one()
 
@@ -181,13 +179,16 @@ def token_by_id(session: Session, token_id: str) -> ApiToken:
 
 
 def revoke_token(session: Session, token_id: str) -> ApiToken:
-    """Revoke the token `token_id` names (its id or a unique prefix of it, see `token_by_id`); idempotent.
-    Raises `LastAdmin` rather than revoke the last live admin token."""
+    """Revoke the token `token_id` names (its id or a unique prefix of it, see `token_by_id`) and delete
+    the dashboard sessions made with it (`service.store.ui_sessions`); idempotent. Raises `LastAdmin`
+    rather than revoke the last live admin token."""
     row = token_by_id(session, token_id)
     if row.revoked_at is None:
         if row.role == Role.ADMIN:
             ensure_not_last_admin(session, row)
         row.revoked_at = utcnow()
+    session.execute(delete(UiSessionRow).where(UiSessionRow.token_id == row.id),
+                    execution_options={"synchronize_session": False})
     return row
 
 

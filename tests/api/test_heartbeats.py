@@ -179,7 +179,6 @@ def test_a_measurement_the_server_cannot_read_is_a_422_and_the_job_page_stays_up
     """A heartbeat's `step` must be an integer (or null), a report's figures numbers: anything else is a
     422 naming the field, stored nowhere. The dashboard's job page keeps answering with what is stored,
     and with rows stored before measurements were checked."""
-    from service.api.ui.session import COOKIE
     from service.store.models import Measurement
     from service.store.vocab import MeasurementKind
 
@@ -200,6 +199,6 @@ def test_a_measurement_the_server_cannot_read_is_a_422_and_the_job_page_stays_up
         session.add(Measurement(job_id=job_id, kind=MeasurementKind.HEARTBEAT, data={"step": "x", "loss": "y"}))
         session.add(Measurement(job_id=job_id, kind=MeasurementKind.REPORT,
                                 data={"status": "failed", "start_step": "z", "losses": "nan"}))
-    env.client.cookies.set(COOKIE, admin["Authorization"].split()[1], path="/ui")
+    env.sign_in_ui(admin["Authorization"].split()[1])
     page = env.client.get(f"/ui/jobs/{job_id}")
     assert page.status_code == 200, page.text[:500]

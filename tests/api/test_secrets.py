@@ -1,4 +1,4 @@
-"""Secrets at rest and in output (issue 11): the spec's env is write-only in responses, previews redact
+"""Secrets at rest and in output: the spec's env is write-only in responses, previews redact
 by value as well as by name, the SQLite file and the CLI config are created owner-only, /metrics names
 no team and may need a token, and the last live admin token cannot be revoked."""
 
@@ -69,14 +69,12 @@ def test_job_responses_show_the_entrypoint_env_names_but_never_their_values(env:
 
 def test_credentials_in_the_command_line_are_hidden_from_job_responses_and_the_job_page(
         env: Env, admin: dict[str, str]) -> None:
-    from service.api.ui.session import COOKIE
-
     pat, password = "ghp_" + "a1B2" * 9, "s3cr3t-pw"
     command = ["python", "train.py", f"--db=postgresql://trainer:{password}@db.internal/runs", f"--token={pat}"]
     created = env.client.post("/v1/jobs", json=tiny(entrypoint={"command": command}), headers=admin)
     assert created.status_code == 201, created.text
     job_id = created.json()["id"]
-    env.client.cookies.set(COOKIE, admin["Authorization"].split()[1], path="/ui")
+    env.sign_in_ui(admin["Authorization"].split()[1])
     page = env.client.get(f"/ui/jobs/{job_id}")
     assert page.status_code == 200
     for body in (created.text, env.client.get(f"/v1/jobs/{job_id}", headers=admin).text, page.text):

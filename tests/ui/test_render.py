@@ -14,7 +14,6 @@ from service.api.ui.limits import MAX_FORM_BYTES
 from service.api.ui.render import duration, human_bytes
 from service.api.ui.routers.auth import HOME, _safe_next
 from service.api.ui.routers.jobs import JobsQuery
-from service.api.ui.session import COOKIE
 from tests.db_fixtures import Env
 from tests.specs import tiny
 
@@ -97,7 +96,7 @@ def test_the_job_page_narrows_its_live_logs_to_one_rank(env: Env) -> None:
                            headers=env.headers(admin))
     assert made.status_code == 201, made.text
     job_id = made.json()["id"]
-    env.client.cookies.set(COOKIE, admin, path="/ui")
+    env.sign_in_ui(admin)
     merged = env.client.get(f"/ui/jobs/{job_id}", params={"rank": ""})  # the form's "every rank"
     assert merged.status_code == 200
     assert f'data-live="/ui/jobs/{job_id}/logs/live"' in merged.text and "every rank, merged" in merged.text
@@ -116,7 +115,7 @@ def test_the_job_pages_live_stream_sends_only_what_came_after_the_page(env: Env)
                            json={"kind": "heartbeat", "data": {"step": 1, "loss": 2.0}})
     assert beat.status_code == 201, beat.text
     assert env.client.post(f"/v1/jobs/{job_id}/cancel", headers=env.headers(admin)).status_code == 200
-    env.client.cookies.set(COOKIE, admin, path="/ui")
+    env.sign_in_ui(admin)
     page = env.client.get(f"/ui/jobs/{job_id}").text
     live = re.search(r'id="job-page" data-live="([^"]+)"', page)
     assert live is not None

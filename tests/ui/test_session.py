@@ -1,5 +1,6 @@
-"""Sign-in, sign-out and CSRF in a real browser: the session is an HttpOnly cookie on an API token;
-every POST needs the page's CSRF token; pages are accessible (axe-core)."""
+"""Sign-in, sign-out and CSRF in a real browser: the session is an HttpOnly cookie naming a session on
+the server (never the API token), which sign-out ends; every POST needs the page's CSRF token; pages
+are accessible (axe-core). `test_sessions.py` covers sessions' rules without a browser."""
 
 from __future__ import annotations
 
@@ -19,12 +20,16 @@ def test_sign_in_sets_an_httponly_samesite_cookie_and_sign_out_ends_the_session(
     sign_in(page, dashboard.url, token)
     cookie = next(c for c in page.context.cookies() if c["name"] == "shardctl_session")
     assert cookie["httpOnly"] and cookie["sameSite"] == "Lax" and cookie["path"] == "/ui"
+    assert token not in cookie["value"]  # the cookie names a session; the token stays out of the browser
     assert page.evaluate("document.cookie").find("shardctl_session") == -1  # scripts cannot read it
     page.get_by_role("button", name="Sign out").click()
     page.wait_for_url("**/ui/login")
     assert not [c for c in page.context.cookies() if c["name"] == "shardctl_session"]
     page.goto(f"{dashboard.url}/ui/jobs")
     assert "/ui/login" in page.url  # signed out: the pages need signing in again
+    copied = httpx.get(f"{dashboard.url}/ui/jobs", cookies={"shardctl_session": cookie["value"]},
+                       follow_redirects=False)
+    assert copied.status_code == 303 and copied.headers["location"].startswith("/ui/login")  # ended on the server
 
 
 def test_a_wrong_token_is_refused_with_the_field_named(dashboard: Dashboard, page: Any) -> None:

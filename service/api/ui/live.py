@@ -6,13 +6,15 @@ stream sends:
 - `event: html`, data `{"target": "<element id>", "swap": "outer"|"inner"|"append"|"prepend",
   "html": "..."}`: the browser puts the (server-rendered, escaped) HTML there;
 - `event: end`: nothing more will come (the job finished); the browser closes the stream;
-- `event: signed-out`: the session's token stopped working; the browser reloads (to the sign-in page).
+- `event: signed-out`: the session ended (signed out, timed out, or its token revoked or expired); the
+  browser reloads (to the sign-in page).
 
 Each message's `id:` is the stream's cursor; a reconnecting browser sends it back as `Last-Event-ID`
 and the stream resumes after it. A stream is a `Step` polled every `poll_s` seconds, each poll in one
-transaction that authenticates the cookie's token again (a revoked token ends the stream) and hands
-the step the principal, so visibility is checked on every poll as in the API. UI streams take the
-same stream slots as the API's (`SHARDCTL_MAX_STREAMS`, `..._PER_TOKEN`; a 429 when full).
+transaction that looks the session up again (`session.stream_auth`: an ended session ends the stream;
+polls do not keep it alive) and hands the step the principal, so visibility is checked on every poll
+as in the API. UI streams take the same stream slots as the API's (`SHARDCTL_MAX_STREAMS`,
+`..._PER_TOKEN`; a 429 when full).
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.api.routers.jobs import EVENT_ID, HEARTBEAT_S, EventStreamResponse
 from service.api.sse import KEEP_ALIVE, sse_message
-from service.api.ui.session import COOKIE, UiSession
-from service.store.tokens import Principal, authenticate
-from service.store.vocab import Role
+from service.api.stream_auth import StreamAuth
+from service.api.ui.session import UiSession, stream_auth
+from service.store.tokens import Principal
 
 log = logging.getLogger(__name__)
 
@@ -59,20 +61,20 @@ def resume_cursor(request: Request, default: int) -> int:
     return int(sent) if EVENT_ID.fullmatch(sent) else default
 
 
-def _poll(db: sessionmaker[Session], secret: str, grace: float, step: Step, cursor: int) -> Batch | None:
+def _poll(db: sessionmaker[Session], auth: StreamAuth, step: Step, cursor: int) -> Batch | None:
     with db.begin() as session:
-        principal = authenticate(session, secret, job_token_grace_s=grace)
-        if principal is None or principal.role == Role.JOB:
+        principal = auth(session)
+        if principal is None:
             return None
         return step(session, principal, cursor)
 
 
-async def _messages(db: sessionmaker[Session], secret: str, grace: float, step: Step, cursor: int,
+async def _messages(db: sessionmaker[Session], auth: StreamAuth, step: Step, cursor: int,
                     poll_s: float) -> AsyncIterator[str]:
     last_beat = time.monotonic()
     while True:
         try:
-            batch = await anyio.to_thread.run_sync(_poll, db, secret, grace, step, cursor)
+            batch = await anyio.to_thread.run_sync(_poll, db, auth, step, cursor)
         except Exception:  # the database went away: the browser reconnects with its cursor
             log.exception("dashboard stream: poll failed")
             return
@@ -99,7 +101,6 @@ def live_response(request: Request, session: UiSession, step: Step, cursor: int,
     settings = request.app.state.settings
     release = request.app.state.streams.acquire(session.principal.token_id, total=settings.max_streams,
                                                 per_token=settings.max_streams_per_token)
-    secret = request.cookies.get(COOKIE, "")
     interval = poll_s if poll_s is not None else max(settings.events_poll_s, 0.05)
-    return EventStreamResponse(_messages(request.app.state.sessions, secret, settings.job_token_grace_s, step,
+    return EventStreamResponse(_messages(request.app.state.sessions, stream_auth(request, session), step,
                                          resume_cursor(request, cursor), interval), release)

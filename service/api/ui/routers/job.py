@@ -40,20 +40,19 @@ from service.api.ui.charts import Series, memory_segments, series
 from service.api.ui.errors import UiError
 from service.api.ui.live import Batch, live_response
 from service.api.ui.render import fragment_text, page
-from service.api.ui.session import COOKIE, Csrf, Signed, SignedAdmin, UiSession
+from service.api.ui.session import Csrf, Polled, Signed, SignedAdmin, UiSession, stream_auth
 from service.api.views import event_out, job_out
+from service.lifecycle import TERMINAL, WAITING
 from service.profiles.models import ProfileSummary
 from service.scheduling.decisions import Explanation
 from service.store.jobs import cancel_job, list_events, set_priority, visible_job
 from service.store.models import Measurement, utcnow
-from service.store.states import TERMINAL
 from service.store.tokens import Conflict, Principal
 from service.store.vocab import JobStatus, MeasurementKind, Role
 
 router = APIRouter(tags=["ui"], include_in_schema=False)
 JobId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 MAX_HEARTBEATS = 2000
-WAITING = {JobStatus.QUEUED, JobStatus.SUBMITTING, JobStatus.PENDING}
 #: How often the page's "why pending" refreshes itself while the job waits (the queue moves under it).
 PENDING_REFRESH_S = 10
 
@@ -192,7 +191,7 @@ def job_page(job_id: JobId, request: Request, session: Signed, db: Db, rank: Ran
 
 
 @router.get("/ui/jobs/{job_id}/pending")
-def job_pending(job_id: JobId, request: Request, session: Signed, db: Db) -> Response:
+def job_pending(job_id: JobId, request: Request, session: Polled, db: Db) -> Response:
     """The "why pending" section as it is now (position, reasons, ETA), for the page to poll; a
     placeholder that polls no more once the job no longer waits. Another team's job: the 404 page."""
     with db.begin() as tx:
@@ -208,7 +207,7 @@ def _render(name: str, session: UiSession, context: dict[str, Any]) -> str:
 
 
 @router.get("/ui/jobs/{job_id}/live")
-def job_live(job_id: JobId, request: Request, session: Signed, db: Db,
+def job_live(job_id: JobId, request: Request, session: Polled, db: Db,
              after: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
              beat: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0) -> Response:
     """New events appended to the history; the overview, attempts, results and chart re-rendered
@@ -258,7 +257,7 @@ def _log_html(message: str) -> tuple[str, dict[str, Any], str | None]:
 
 
 @router.get("/ui/jobs/{job_id}/logs/live")
-def logs_live(job_id: JobId, request: Request, session: Signed, db: Db, rank: RankQ = None) -> Response:
+def logs_live(job_id: JobId, request: Request, session: Polled, db: Db, rank: RankQ = None) -> Response:
     """Every rank's lines (or only `rank`'s), merged in the order they are read, each with its rank:
     the API's log stream (`follow_logs`, the same as `GET /v1/jobs/{id}/logs?follow=true`) as HTML."""
     reader = request.app.state.log_reader
@@ -272,7 +271,7 @@ def logs_live(job_id: JobId, request: Request, session: Signed, db: Db, rank: Ra
     number, inner = None, None
     if resume and "." in resume and resume.split(".", 1)[0].isdigit():
         number, inner = int(resume.split(".", 1)[0]), resume.split(".", 1)[1] or None
-    source = follow_logs(db, reader, request.cookies.get(COOKIE, ""), job_id, number, _rank(rank), inner,
+    source = follow_logs(db, reader, stream_auth(request, session), job_id, number, _rank(rank), inner,
                          poll_s=settings.logs_poll_s, heartbeat_s=settings.logs_heartbeat_s,
                          token_grace_s=settings.job_token_grace_s)
 
@@ -292,7 +291,9 @@ def logs_live(job_id: JobId, request: Request, session: Signed, db: Db, rank: Ra
                                            "html": fragment_text("_log_state.html", text=text)})
                 yield sse_message("end", {}, ident)
             elif kind == "error":
-                text = data.get("error", {}).get("message", "the log stream ended")
+                error = data.get("error", {})
+                text = ("Signed out: reload the page to sign in again." if error.get("code") == "unauthorized"
+                        else error.get("message", "the log stream ended"))
                 yield sse_message("html", {"target": "job-logs-state", "swap": "inner",
                                            "html": fragment_text("_log_state.html", text=text)})
                 yield sse_message("end", {})

@@ -28,7 +28,7 @@ from starlette.responses import Response
 from service.api.deps import Db
 from service.api.ui.live import Batch, live_response
 from service.api.ui.render import fragment_text, page
-from service.api.ui.session import Signed
+from service.api.ui.session import Polled, Signed
 from service.backend_options import BackendKind
 from service.names import Label
 from service.store.event_feed import FeedFilter, list_feed
@@ -241,7 +241,7 @@ def _ids(text: str | None) -> set[int]:
 
 
 @router.get("/ui/jobs/live")
-def jobs_live(request: Request, session: Signed,
+def jobs_live(request: Request, session: Polled,
               after: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0) -> Response:
     """The page's rows and counts, live: an `html` message per changed row (and per new job on the
     first page), and the counts again whenever something changed."""
