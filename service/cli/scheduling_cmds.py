@@ -78,7 +78,10 @@ def explanation_lines(job_id: int, data: dict[str, Any]) -> list[str]:
     if position:
         lines.append(f"  position: {position.get('team', '?')} in its team, {position.get('pool', '?')} for its pools")
     ahead = data.get("ahead") or []
-    if ahead:
+    if ahead and data.get("ahead_scope") == "every_team":  # an admin: every team's jobs, each named with its team
+        lines.append("  ahead: " + ", ".join(
+            f"job {a['job_id']} of {a['team']} ({a['gpus']} GPUs, priority {a['priority']})" for a in ahead))
+    elif ahead:
         lines.append("  ahead from your team: " + ", ".join(
             f"job {a['job_id']} ({a['gpus']} GPUs, priority {a['priority']})" for a in ahead))
     others = data.get("ahead_other_teams") or {}

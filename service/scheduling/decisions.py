@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -72,7 +73,11 @@ class Explanation(BaseModel):
     admitted: bool
     reasons: list[Reason] = Field(default_factory=list)
     position: dict[str, int] = Field(default_factory=dict, description='{"team": n, "pool": n}, 1-based.')
-    ahead: list[Ahead] = Field(default_factory=list, description="The caller's own team's jobs ahead.")
+    ahead: list[Ahead] = Field(default_factory=list, description="The jobs ahead that the caller may name: its"
+                               " own team's (`ahead_scope` team), or every team's for an admin (`every_team`).")
+    ahead_scope: Literal["team", "every_team"] = Field(
+        "team", description="Whose jobs `ahead` lists: the job's team's (a member; other teams' are only counted"
+        " in `ahead_other_teams`), or every team's (an admin).")
     ahead_other_teams: dict[str, int] = Field(default_factory=dict,
                                               description='Others counted, never named: {"jobs": n, "gpus": n}.')
     eta: Eta | None = None

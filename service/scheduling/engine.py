@@ -1030,7 +1030,7 @@ def explain(s: Snapshot, job_id: int, viewer_team: str | None) -> Explanation:
         status="queued", admitted=blocked is None, reasons=reasons,
         position={"team": team_pos, "pool": len(competing) + 1},
         ahead=listed, ahead_other_teams={"jobs": others_jobs, "gpus": others_gpus} if others_jobs else {},
-        eta=_eta_from(s, out, target))
+        ahead_scope="every_team" if viewer_team is None else "team", eta=_eta_from(s, out, target))
 
 
 def with_priority_reason(target: WaitingJob, reasons: list[Reason], waiting_jobs: int,

@@ -151,7 +151,8 @@ def from_view(entry: QueueEntry, ahead: Iterable[Competitor], viewer_team: str |
               if viewer_team is not None and entry.others_jobs else {})
     return Explanation(status="queued", admitted=entry.admitted, reasons=list(entry.reasons),
                        position={"team": entry.team_position, "pool": entry.pool_position}, ahead=listed,
-                       ahead_other_teams=others, eta=entry.eta)
+                       ahead_other_teams=others, ahead_scope="every_team" if viewer_team is None else "team",
+                       eta=entry.eta)
 
 
 __all__ = ["Competitor", "QueueEntry", "from_view", "queue_view"]
