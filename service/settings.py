@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 import platformdirs
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.backend_options import BackendKind
@@ -115,6 +115,28 @@ class Settings(BaseSettings):
                                     " in flight finish and `serve --with-dispatcher` or `worker` lets the current"
                                     " dispatcher cycle end, before it stops anyway (leases it still holds are"
                                     " given back). Keep it under the supervisor's own kill timeout.")
+    # Connections serve holds open (docs/server.md, "Connections and slow clients"). Each API process
+    # counts its own.
+    header_timeout_s: float = Field(
+        10.0, gt=0, le=300, description="SHARDCTL_HEADER_TIMEOUT_S: how long a client has to send a request's"
+        " headers, counted from when its connection opens and, on a kept-alive connection, from the first byte"
+        " of each later request; then serve closes the connection. Request bodies and responses are not timed.")
+    keepalive_timeout_s: float = Field(
+        5.0, gt=0, le=3600, description="SHARDCTL_KEEPALIVE_TIMEOUT_S: how long serve keeps a connection open"
+        " with nothing to do between two requests.")
+    max_connections_per_client: int = Field(
+        64, ge=0, description="SHARDCTL_MAX_CONNECTIONS_PER_CLIENT: open connections one client address may"
+        " hold to one API process; another is answered 503 and closed before it is read. 0: no per-client cap."
+        " Exempt a reverse proxy that carries many clients with SHARDCTL_CONNECTION_CAP_EXEMPT.")
+    connection_cap_exempt: list[str] = Field(
+        default_factory=list, description="SHARDCTL_CONNECTION_CAP_EXEMPT: addresses or CIDRs the per-client"
+        " cap does not apply to (a reverse proxy, an ingress controller, a NAT gateway), e.g."
+        " '[\"127.0.0.1/32\"]'.")
+    max_connections: int | None = Field(
+        None, ge=1, description="SHARDCTL_MAX_CONNECTIONS: open connections one API process holds in all; another"
+        " is answered 503 and closed before it is read. Unset: 4096. Either way it is lowered to the process's"
+        " open-file limit (ulimit -n) less what the database, logs and dispatcher need (256 descriptors, at"
+        " most half the limit); a value set here that is lowered is said at start.")
     bootstrap_admin_token: SecretStr | None = Field(
         None, description="When set, serve makes sure an admin token with exactly this value exists (idempotent;"
         " never logged). Its form is a shardctl token, shc_<id>_<secret>: id 8 to 32 letters and digits, secret"
@@ -142,14 +164,14 @@ class Settings(BaseSettings):
         default_factory=dict, description="group -> team: a forwarded user in one of these groups is a member"
         " of that team (created on first use), e.g. '{\"ml-vision\": \"vision\"}'.")
 
-    @field_validator("forwarded_trusted_proxies")
+    @field_validator("forwarded_trusted_proxies", "connection_cap_exempt")
     @classmethod
-    def _networks(cls, value: list[str]) -> list[str]:
+    def _networks(cls, value: list[str], info: ValidationInfo) -> list[str]:
         for item in value:
             try:
                 ipaddress.ip_network(item, strict=False)
             except ValueError:
-                raise ValueError(f"forwarded_trusted_proxies: {item!r} is not an IP address or CIDR"
+                raise ValueError(f"{info.field_name}: {item!r} is not an IP address or CIDR"
                                  " (e.g. 10.0.0.0/8, 127.0.0.1)") from None
         return value
 

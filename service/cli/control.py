@@ -137,9 +137,13 @@ def serve(host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0
           ) -> None:
     """Migrate the database and run the API. On an empty database, create a first admin token and save
     it in the CLI config file (mode 0600), whose path is printed (or, with SHARDCTL_BOOTSTRAP_ADMIN_TOKEN,
-    make sure that admin token exists). On SIGTERM: stop accepting, finish the requests in flight (at
+    make sure that admin token exists). Each API process bounds the connections clients hold open
+    (SHARDCTL_HEADER_TIMEOUT_S, SHARDCTL_KEEPALIVE_TIMEOUT_S, SHARDCTL_MAX_CONNECTIONS_PER_CLIENT,
+    SHARDCTL_MAX_CONNECTIONS). On SIGTERM: stop accepting, finish the requests in flight (at
     most SHARDCTL_SHUTDOWN_GRACE_S), stop the dispatcher, give back its leases, exit 0 (docs/server.md)."""
     import uvicorn
+
+    from service.cli.connections import guarded_protocol, limits_from
 
     settings = _settings()
     configure_logging(settings.log_format, settings.log_level)
@@ -185,17 +189,22 @@ def serve(host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0
     # Our access log (service.api.access_log) replaces uvicorn's; uvicorn's own lines go through ours.
     # No proxy-header rewriting: the client address stays the TCP peer, which forwarded identity checks.
     options: dict[str, Any] = dict(host=host, port=port, log_level="warning", log_config=None, access_log=False,
-                                   proxy_headers=False,
+                                   proxy_headers=False, timeout_keep_alive=settings.keepalive_timeout_s,
                                    timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)))
+    limits, warning = limits_from(settings)
+    if warning is not None:
+        announce(settings, f"[yellow]{warning}[/]")
     try:
         if workers == 1:
-            uvicorn.run(wiring.make_app(settings, sessions, backends, public_url=url, load=False), **options)
+            uvicorn.run(wiring.make_app(settings, sessions, backends, public_url=url, load=False),
+                        http=guarded_protocol(limits), **options)
         else:
             from service.cli.serve_workers import PortInUse, serve_workers
 
             os.environ["SHARDCTL_PUBLIC_URL"] = url  # what each worker's app previews and tells jobs
             try:
-                status = serve_workers("service.cli.wiring:app_factory", factory=True, workers=workers, **options)
+                status = serve_workers("service.cli.wiring:app_factory", factory=True, workers=workers,
+                                       limits=limits, **options)
             except PortInUse as exc:
                 print_error(err, str(exc))
                 raise typer.Exit(EXIT_ERROR) from None

@@ -33,6 +33,8 @@ from typing import Any
 
 import uvicorn
 
+from service.cli.connections import ConnectionLimits, guarded_protocol
+
 log = logging.getLogger(__name__)
 
 #: How often the parent looks at its workers.
@@ -102,7 +104,8 @@ def _die_with(parent: int) -> None:
         sys.exit(0)
 
 
-def _worker(app: str, host: str, port: int, options: dict[str, Any], serving: Event, parent: int) -> None:
+def _worker(app: str, host: str, port: int, options: dict[str, Any], limits: ConnectionLimits | None,
+            serving: Event, parent: int) -> None:
     # uvicorn raises the signal it stopped on again once it has shut down, under the handler that was
     # there before it started: this one, so a worker that stopped gracefully exits 0.
     signal.signal(signal.SIGTERM, _exit_cleanly)
@@ -113,15 +116,19 @@ def _worker(app: str, host: str, port: int, options: dict[str, Any], serving: Ev
     except OSError as exc:
         log.error("worker cannot bind %s:%d: %s", host, port, exc)
         sys.exit(1)
+    if limits is not None:
+        options = {**options, "http": guarded_protocol(limits)}
     _Server(uvicorn.Config(app, host=host, port=port, **options), serving).run(sockets=[sock])
 
 
-def serve_workers(app: str, *, workers: int, host: str, port: int, **options: Any) -> int:
+def serve_workers(app: str, *, workers: int, host: str, port: int, limits: ConnectionLimits | None = None,
+                  **options: Any) -> int:
     """Serve the import string `app` (with uvicorn `options`: `factory`, timeouts, logging) from
-    `workers` processes on `host`:`port` until SIGTERM or SIGINT; returns the exit status: 0 after a
-    graceful stop, 1 when a worker died before it served (its error is in the log). Raises `PortInUse`
-    before starting any worker when the port is taken. Workers are started with `spawn`, so they
-    inherit the environment, not the parent's state."""
+    `workers` processes on `host`:`port` until SIGTERM or SIGINT, each worker holding its connections
+    within `limits` (`service.cli.connections`; None: uvicorn's own protocol, unbounded); returns the
+    exit status: 0 after a graceful stop, 1 when a worker died before it served (its error is in the
+    log). Raises `PortInUse` before starting any worker when the port is taken. Workers are started
+    with `spawn`, so they inherit the environment, not the parent's state."""
     check_port_free(host, port)
     context = multiprocessing.get_context("spawn")
     stopping = threading.Event()
@@ -129,7 +136,7 @@ def serve_workers(app: str, *, workers: int, host: str, port: int, **options: An
 
     def start() -> tuple[BaseProcess, Event]:
         serving = context.Event()
-        process = context.Process(target=_worker, args=(app, host, port, options, serving, os.getpid()),
+        process = context.Process(target=_worker, args=(app, host, port, options, limits, serving, os.getpid()),
                                   name="shardctl-api-worker", daemon=False)
         process.start()
         return process, serving

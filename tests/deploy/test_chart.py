@@ -109,6 +109,8 @@ def test_defaults_match_the_golden_file() -> None:
     ({"database": {"url": "mysql://u@h/db"}}, "url"),
     ({"settings": {"DATABASE_URL": "postgresql://x"}}, "DATABASE_URL"),
     ({"settings": {"MAX_ATTEMPTS": 5}}, "MAX_ATTEMPTS"),
+    ({"settings": {"CONNECTION_CAP_EXEMPT": '["10.0.0.0/8"]'}}, "CONNECTION_CAP_EXEMPT"),
+    ({"api": {"connectionCapExempt": "10.0.0.0/8"}}, "connectionCapExempt"),
     ({"kubernetes": {"namespaces": ["Team_B"]}}, "Team_B"),
     ({"oauth2Proxy": {"image": "quay.io/oauth2-proxy/oauth2-proxy:latest"}}, "image"),
     ({"ingress": {"enabled": "yes"}}, "enabled"),
@@ -322,12 +324,29 @@ def test_oauth2_proxy_sidecar_and_forwarded_trust_only_then() -> None:
     assert env["SHARDCTL_FORWARDED_TRUSTED_PROXIES"] == '["127.0.0.1/32"]'
     assert json.loads(env["SHARDCTL_FORWARDED_TEAM_GROUPS"]) == {"ml-vision": "vision"}
     assert json.loads(env["SHARDCTL_FORWARDED_ADMIN_GROUPS"]) == ["platform-admins"]
+    # The sidecar carries every browser's connections: not held to one client's connection cap.
+    assert env["SHARDCTL_CONNECTION_CAP_EXEMPT"] == '["127.0.0.1/32"]'
     ingress = one(objs, "Ingress")
     assert ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]["port"] == {"name": "proxy"}
     # Without the proxy, nothing trusts forwarded headers.
     for name in ("defaults", "postgres", "exposed", "renamed"):
         for _, container in _containers(_render(name)):
             assert not [k for k in env_of(container) if k.startswith("SHARDCTL_FORWARDED")], name
+
+
+def test_the_connection_cap_exempts_the_given_addresses_and_the_sidecar_on_the_api_only() -> None:
+    for name in ("defaults", "postgres", "exposed", "renamed"):
+        for _, container in _containers(_render(name)):
+            assert "SHARDCTL_CONNECTION_CAP_EXEMPT" not in env_of(container), name
+    given = {"api": {"connectionCapExempt": ["10.42.0.0/16"]}}
+    for values, expected in ((given, ["10.42.0.0/16"]),
+                             ({**scenario("oauth2"), **given}, ["10.42.0.0/16", "127.0.0.1/32"])):
+        objs = render(values)
+        env = env_of(pod_spec(one(objs, "Deployment", "shardctl"))["containers"][0])
+        assert json.loads(env["SHARDCTL_CONNECTION_CAP_EXEMPT"]) == expected
+        dispatchers = [d for d in find(objs, "Deployment") if d["metadata"]["name"] != "shardctl"]
+        assert all("SHARDCTL_CONNECTION_CAP_EXEMPT" not in env_of(c) for d in dispatchers
+                   for c in pod_spec(d)["containers"])
 
 
 def test_network_policy_admits_only_the_served_ports() -> None:

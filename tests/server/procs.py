@@ -133,6 +133,7 @@ class Forwarder:
         self.port = int(self.listener.getsockname()[1])
         self._open: list[socket.socket] = []
         self._lock = threading.Lock()
+        self._cut = False
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -140,6 +141,9 @@ class Forwarder:
             try:
                 client, _ = self.listener.accept()
             except OSError:
+                return
+            if self._cut:
+                client.close()
                 return
             upstream = socket.create_connection(self.target)
             with self._lock:
@@ -156,6 +160,11 @@ class Forwarder:
             dst.shutdown(socket.SHUT_WR)
 
     def cut(self) -> None:
+        """Stop accepting (a blocked accept() is woken: closing the socket alone would leave it listening)
+        and close every connection through it."""
+        self._cut = True
+        with suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
         with self._lock:
             for sock in self._open:

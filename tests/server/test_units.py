@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from service.cli.connections import DEFAULT_MAX_CONNECTIONS, FD_RESERVE
 from service.settings import Settings
 from tests.server.procs import ROOT, environ, run_shardctl
 
@@ -35,3 +36,8 @@ def test_a_unit_runs_a_command_the_cli_has_and_waits_out_the_grace(unit: Path, t
 
 def test_both_units_are_there() -> None:
     assert [u.name for u in UNITS] == ["shardctl-api.service", "shardctl-dispatcher.service"]
+
+
+def test_the_api_unit_leaves_room_for_the_default_connection_cap() -> None:
+    service = _service(ROOT / "deploy" / "shardctl-api.service")
+    assert int(service["LimitNOFILE"]) >= DEFAULT_MAX_CONNECTIONS + FD_RESERVE
