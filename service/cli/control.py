@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import logging
 import os
@@ -120,6 +121,23 @@ def _load_pools(settings: Settings, sessions: wiring.Sessions) -> None:
         raise typer.Exit(EXIT_ERROR) from None
 
 
+def _backends(settings: Settings) -> dict[str, Any]:
+    """`wiring.make_backends`, saying as whom local jobs run; or the one line that says why a backend
+    cannot be used (SHARDCTL_LOCAL_RUN_AS), and exit 1."""
+    try:
+        backends = wiring.make_backends(settings)
+    except ValueError as exc:
+        print_error(err, str(exc))
+        raise typer.Exit(EXIT_ERROR) from None
+    if settings.local_run_as is not None:
+        announce(settings, f"local jobs run as OS user {settings.local_run_as}")
+    else:
+        announce(settings, f"[yellow]local jobs run as this server's own OS user ({getpass.getuser()}): a job can"
+                 " read the server's files and environment; set SHARDCTL_LOCAL_RUN_AS to run them as another user"
+                 " (docs/security.md)[/]")
+    return backends
+
+
 def _sigterm_sets(stop: threading.Event) -> None:
     """SIGTERM (systemd, Kubernetes) sets `stop`, as Ctrl-C would: the process ends its work and exits 0."""
     import signal as signals
@@ -174,7 +192,7 @@ def serve(host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0
     database = wiring.database_place(settings.resolved_database_url)
     announce(settings, f"shardctl API on http://{host}:{port} ({workers} worker{'s' if workers > 1 else ''};"
              f" database: {database}); jobs call back on {url}" + (f" ({chosen})" if chosen else ""))
-    backends = wiring.make_backends(settings)
+    backends = _backends(settings)
     stop = threading.Event()
     _sigterm_sets(stop)  # uvicorn takes SIGTERM while it serves and raises it again here once it has stopped
     dispatcher_thread = None
@@ -226,7 +244,7 @@ def worker(once: Annotated[bool, typer.Option("--once", help="Run one cycle and 
     configure_logging(settings.log_format, settings.log_level)
     sessions = _store(settings)
     _load_pools(settings, sessions)
-    dispatcher = wiring.make_dispatcher(settings, sessions, wiring.make_backends(settings))
+    dispatcher = wiring.make_dispatcher(settings, sessions, _backends(settings))
     if once:
         report = dispatcher.run_once()
         notifier = wiring.make_notifier(settings, dispatcher.sessions)  # deliver what is due, then exit

@@ -76,6 +76,7 @@ def test_two_workers_answer_and_sigterm_finishes_the_request_in_flight_then_exit
         started = log.read_text()
         assert f"jobs call back on http://{socket.gethostname()}:{port}" in started and token not in started
         assert started.count("running in this process") == 1  # one dispatcher, in the parent
+        assert "local jobs run as this server's own OS user" in started and "SHARDCTL_LOCAL_RUN_AS" in started
 
         body = json.dumps({"name": "drained"}).encode()
         head = (f"POST /v1/teams HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
