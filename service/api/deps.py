@@ -21,6 +21,7 @@ from service.settings import Settings
 from service.spec import field_path
 from service.store.db import one_statement
 from service.store.tokens import Principal, authenticate
+from service.store.vocab import Role
 
 bearer = HTTPBearer(auto_error=False, description="A shardctl token: shc_<id>_<secret>.")
 
@@ -130,21 +131,21 @@ Caller = Annotated[Principal, Depends(get_principal)]
 
 
 async def require_admin(principal: Caller) -> Principal:
-    if principal.role != "admin":
+    if principal.role != Role.ADMIN:
         raise ApiError(403, "forbidden", "this needs an admin token")
     return principal
 
 
 async def require_person(principal: Caller) -> Principal:
     """Admins and team members; job tokens may only report on their job."""
-    if principal.role == "job":
+    if principal.role == Role.JOB:
         raise ApiError(403, "forbidden", "a job token can only report on its own job")
     return principal
 
 
 async def require_reporter(principal: Caller) -> Principal:
     """A job's own token, or an admin: those who report measurements and profiles on a job."""
-    if principal.role == "member":
+    if principal.role == Role.MEMBER:
         raise ApiError(403, "forbidden", "only the job's own token (or an admin) reports on a job")
     return principal
 

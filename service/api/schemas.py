@@ -115,9 +115,9 @@ class TokenIn(BaseModel):
 
     @model_validator(mode="after")
     def _fields_fit_the_role(self) -> TokenIn:
-        if self.team is not None and self.role != "member":
+        if self.team is not None and self.role != Role.MEMBER:
             raise ValueError("team applies only to role member")
-        if self.job_id is not None and self.role != "job":
+        if self.job_id is not None and self.role != Role.JOB:
             raise ValueError("job_id applies only to role job")
         return self
 

@@ -1,10 +1,15 @@
-"""Who may see which job, the one rule of the API, the dashboard and the event feed: an admin every job,
-a member their team's jobs, a job token its own job. Another's job is "not found", never "forbidden".
-(The heartbeat insert, `jobs.add_heartbeat`, states the same rule in its prebuilt statement.)"""
+"""Who may see what, the one rule of the API, the dashboard, the CLI and the event feed:
+
+- **jobs**: an admin every job, a member their team's jobs, a job token its own job (`can_see`,
+  `visible_to`, `visible_where`). Another's job is "not found", never "forbidden". (The heartbeat
+  insert, `jobs.add_heartbeat`, states the same rule in its prebuilt statement.)
+- **teams** and what is kept per team (quotas, usage, webhooks, the queue's rows): an admin every
+  team, a member their own, a job token none (`sees_every_team`, `may_see_team`, `team_scope`).
+"""
 
 from __future__ import annotations
 
-from typing import Protocol, TypeVarTuple
+from typing import Any, Protocol, TypeVarTuple, cast
 
 from sqlalchemy import ColumnElement, Select, bindparam, false
 
@@ -27,6 +32,27 @@ def can_see(principal: Principal, job: JobKeys) -> bool:
     if principal.role == Role.MEMBER:
         return job.team_id == principal.team_id
     return principal.job_id == job.id
+
+
+def sees_every_team(principal: Principal) -> bool:
+    """An admin: every team, and every team's jobs, quotas, webhooks and queue rows, by name."""
+    return principal.role == Role.ADMIN
+
+
+def may_see_team(principal: Principal, team_id: int | None) -> bool:
+    """Whether `principal` sees team `team_id` and what is kept for it (None: every team's, an admin's)."""
+    if sees_every_team(principal):
+        return True
+    return principal.role == Role.MEMBER and team_id is not None and team_id == principal.team_id
+
+
+def team_scope(principal: Principal, column: Any) -> ColumnElement[bool] | None:
+    """`may_see_team` as SQL over a column holding a team id (None: no condition, an admin's)."""
+    if sees_every_team(principal):
+        return None
+    if principal.role == Role.MEMBER and principal.team_id is not None:
+        return cast(ColumnElement[bool], column == principal.team_id)
+    return false()
 
 
 def visible_to(stmt: Select[*Row], principal: Principal) -> Select[*Row]:
@@ -53,7 +79,7 @@ def visibility_values(principal: Principal) -> dict[str, int | None]:
 
 
 def _rule(role: Role, team: object, job: object) -> ColumnElement[bool] | None:
-    if role == Role.ADMIN:
+    if role == Role.ADMIN:  # `sees_every_team`
         return None
     if role == Role.MEMBER:
         return Job.team_id == team

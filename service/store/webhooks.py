@@ -28,6 +28,7 @@ from service.store.notify_models import (
     WebhookFormat,
 )
 from service.store.tokens import NotFound, Principal
+from service.store.visibility import team_scope
 from service.store.vocab import EventKind, JobStatus, MeasurementKind, Role
 
 ALL_EVENTS = "*"
@@ -107,12 +108,11 @@ def create_webhook(session: Session, principal: Principal, new: NewWebhook) -> t
 
 
 def _visible(principal: Principal) -> Any:
+    """The subscriptions `principal` sees: every team's and the every-team ones for an admin, a member's
+    own team's, none for a job token (`visibility.team_scope`)."""
     clause = Webhook.deleted_at.is_(None)
-    if principal.role == Role.ADMIN:
-        return clause
-    if principal.role == Role.MEMBER:
-        return clause & (Webhook.team_id == principal.team_id)
-    return clause & False  # job tokens see none
+    scope = team_scope(principal, Webhook.team_id)
+    return clause if scope is None else clause & scope
 
 
 def list_webhooks(session: Session, principal: Principal) -> list[Webhook]:

@@ -39,7 +39,8 @@ from service.store.queue_view import read_explanation
 from service.store.quotas import get_quota, put_quota
 from service.store.tokens import NotFound, Principal, ensure_team, team_by_name
 from service.store.usage import gpu_seconds
-from service.store.vocab import JobStatus, Role
+from service.store.visibility import may_see_team, sees_every_team
+from service.store.vocab import JobStatus
 
 router = APIRouter(tags=["scheduling"])
 ERRORS: dict[int | str, dict[str, object]] = {404: {"model": ErrorResponse}, 422: {"model": ErrorResponse}}
@@ -71,7 +72,7 @@ def _team(session: Session, principal: Principal, name: str) -> Team:
         team = team_by_name(session, name)
     except NotFound:
         raise NotFound(f"no team named {name!r}") from None
-    if principal.role != Role.ADMIN and principal.team_id != team.id:
+    if not may_see_team(principal, team.id):
         raise NotFound(f"no team named {name!r}")
     return team
 
@@ -217,7 +218,7 @@ def explain_job(job_id: JobId, principal: Caller, db: Db, request: Request) -> R
         if done is not None:
             done = _backend_pending(session, job, done, pools_managed)
         else:
-            viewer = None if principal.role == Role.ADMIN else job.team.name
+            viewer = None if sees_every_team(principal) else job.team.name
             done = read_explanation(session, job_id, viewer, now=utcnow(), max_age_s=settings.queue_view_max_age_s,
                                     changed_at=job.updated_at) if job.status == S.QUEUED else None
             if done is None:  # no fresh view, or the job is not in it (submitted or requeued since): live

@@ -8,6 +8,7 @@ from service.api.schemas import ErrorResponse, TeamIn, TeamOut
 from service.api.views import team_out
 from service.store.models import Team
 from service.store.tokens import create_team
+from service.store.visibility import team_scope
 
 router = APIRouter(prefix="/v1/teams", tags=["teams"])
 
@@ -16,8 +17,9 @@ router = APIRouter(prefix="/v1/teams", tags=["teams"])
 def list_teams(principal: Person, db: Db) -> list[TeamOut]:
     with db.begin() as session:
         stmt = select(Team).order_by(Team.name)
-        if principal.role == "member":
-            stmt = stmt.where(Team.id == principal.team_id)
+        scope = team_scope(principal, Team.id)
+        if scope is not None:
+            stmt = stmt.where(scope)
         return [team_out(t) for t in session.scalars(stmt)]
 
 

@@ -10,6 +10,7 @@ from service.api.schemas import ErrorField, ErrorResponse, TokenCreated, TokenIn
 from service.api.views import token_out
 from service.store.models import Job, utcnow
 from service.store.tokens import LastAdmin, create_token, list_tokens, revoke_token, team_by_name
+from service.store.vocab import Role
 
 router = APIRouter(tags=["tokens"])
 
@@ -21,12 +22,12 @@ def post_token(body: TokenIn, _: Admin, db: Db) -> TokenCreated:
     expires = utcnow() + timedelta(seconds=body.expires_in_s) if body.expires_in_s else None
     with db.begin() as session:
         team = None
-        if body.role == "member":
+        if body.role == Role.MEMBER:
             if not body.team:
                 raise ApiError(422, "validation_error", "a member token needs a team",
                                fields=[ErrorField(loc="team", message="required for role member")])
             team = team_by_name(session, body.team)
-        if body.role == "job" and (body.job_id is None or session.get(Job, body.job_id) is None):
+        if body.role == Role.JOB and (body.job_id is None or session.get(Job, body.job_id) is None):
             raise ApiError(422, "validation_error", "a job token needs the id of an existing job",
                            fields=[ErrorField(loc="job_id", message="required for role job")])
         row, secret = create_token(session, role=body.role, team=team, job_id=body.job_id, name=body.name,

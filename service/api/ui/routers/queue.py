@@ -35,7 +35,8 @@ from service.store.pools import effective_pools
 from service.store.queue_models import QueueViewMeta, QueueViewRow
 from service.store.queue_view import META_ID
 from service.store.tokens import Principal
-from service.store.vocab import JobStatus, Role
+from service.store.visibility import sees_every_team
+from service.store.vocab import JobStatus
 
 router = APIRouter(tags=["ui"], include_in_schema=False)
 PAGE_SIZE = 50
@@ -94,7 +95,7 @@ class Others:
 
 def parse_query(request: Request, principal: Principal) -> tuple[QueueQuery, list[str]]:
     raw = {k: request.query_params.get(k) for k in QueueQuery.model_fields if k in request.query_params}
-    if principal.role != Role.ADMIN:
+    if not sees_every_team(principal):
         raw.pop("team", None)  # a member sees their own team's rows; the filter is theirs already
     try:
         return QueueQuery.model_validate(raw), []
@@ -126,7 +127,7 @@ def queue_rows(session: Session, principal: Principal, query: QueueQuery, age: f
     stmt = (select(t, Job.name).join(Job, Job.id == t.job_id)
             .where(Job.status == JobStatus.QUEUED, Job.pool.is_(None), *_filters(query))  # still waiting
             .order_by(t.ord).limit(limit + 1))
-    if principal.role != Role.ADMIN:
+    if not sees_every_team(principal):
         stmt = stmt.where(t.team == (principal.team_name or ""))
     elif query.team:
         stmt = stmt.where(t.team == query.team)
@@ -173,7 +174,7 @@ def queue_page(request: Request, session: Signed, db: Db) -> Response:
         others: list[Others] = []
         if meta is not None:
             rows, next_cursor = queue_rows(tx, principal, query, age, PAGE_SIZE)
-            if principal.role != Role.ADMIN:
+            if not sees_every_team(principal):
                 others = other_teams(tx, principal, query)
         pools = effective_pools(tx, settings.local_gpus)
         kinds = sorted({p.pool.gpu for p in pools})

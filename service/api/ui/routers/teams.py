@@ -36,7 +36,7 @@ from service.store.pools import effective_pools
 from service.store.quotas import all_quotas
 from service.store.tokens import Principal
 from service.store.usage import gpu_seconds
-from service.store.vocab import Role
+from service.store.visibility import team_scope
 
 router = APIRouter(tags=["ui"], include_in_schema=False)
 PAGE_SIZE = 10
@@ -139,8 +139,9 @@ def teams_page(request: Request, session: Signed, db: Db,
     now = utcnow()
     with db.begin() as tx:
         stmt = select(Team).order_by(Team.name).limit(PAGE_SIZE + 1)
-        if principal.role != Role.ADMIN:
-            stmt = stmt.where(Team.id == principal.team_id)
+        scope = team_scope(principal, Team.id)
+        if scope is not None:
+            stmt = stmt.where(scope)
         if name:
             stmt = stmt.where(Team.name.contains(name, autoescape=True))
         if cursor:
