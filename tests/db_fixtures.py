@@ -29,7 +29,7 @@ from service.api.ui.session import COOKIE
 from service.settings import Settings
 from service.store import migrate
 from service.store.db import make_engine
-from service.store.models import Base
+from service.store.schema import metadata
 from service.store.tokens import create_token, ensure_team
 
 PG_ENV = "SHARDCTL_TEST_POSTGRES_URL"
@@ -69,7 +69,7 @@ def postgres_url() -> Iterator[str]:
 
 def _truncate(url: str) -> None:
     engine = create_engine(url)
-    tables = ", ".join(f'"{t.name}"' for t in Base.metadata.sorted_tables)
+    tables = ", ".join(f'"{t.name}"' for t in metadata.sorted_tables)
     with engine.begin() as conn:
         conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
     engine.dispose()

@@ -22,7 +22,7 @@ _BIG = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
 
 def _samples(*, team: bool) -> None:
-    columns = [
+    columns: list[sa.schema.SchemaItem] = [
         sa.Column("measurement_id", _BIG, autoincrement=False, nullable=False),
         sa.Column("job_id", _BIG, nullable=False),
         *([sa.Column("team_id", _BIG, nullable=False)] if team else []),

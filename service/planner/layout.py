@@ -9,7 +9,7 @@ from functools import lru_cache
 
 from service.planner.hardware import Cluster
 from service.planner.models import ModelShape
-from service.planner.runnable import dims_problems
+from service.planner.problems import dims_problems
 from service.spec import Checkpointing, Offload, PipelineSchedule, Sharding
 
 SHARDING_RANK: dict[str, int] = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3, "hsdp": 4}

@@ -13,7 +13,7 @@ from sqlalchemy import create_engine, pool
 
 import migrations
 from service.store.db import private_sqlite_file
-from service.store.models import Base
+from service.store.schema import metadata
 
 MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
 
@@ -50,4 +50,4 @@ def drift(url: str) -> list[Any]:
     engine = create_engine(url, poolclass=pool.NullPool)
     with engine.connect() as conn:
         ctx = MigrationContext.configure(conn, opts={"compare_type": True})
-        return list(compare_metadata(ctx, Base.metadata))
+        return list(compare_metadata(ctx, metadata))

@@ -275,10 +275,6 @@ class Measurement(Base):
     data: Mapped[dict[str, Any]] = mapped_column(Json)
 
 
-# Notification tables (webhooks, outbox, deliveries) live in their own module; importing it here puts
-# them in `Base.metadata` wherever the models are loaded.
-from service.store import notify_models as notify_models  # noqa: E402
-
 # -- shared GPUs: pools and team quotas as the admin declared them ---------------------------------
 
 
@@ -303,8 +299,3 @@ class TeamQuotaRow(Base):
     quota: Mapped[TeamQuota] = mapped_column(ModelJson(TeamQuota))
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
-
-# The dispatcher's queue view (explain as a lookup) and calibration samples with their cursor
-# live in their own modules, loaded with the models.
-from service.store import calibration_models as calibration_models  # noqa: E402
-from service.store import queue_models as queue_models  # noqa: E402

@@ -1,8 +1,8 @@
 """Notification tables: webhook subscriptions, the outbox of (webhook, event) deliveries to make, and
 the log of every delivery attempt.
 
-Imported at the end of `service.store.models`, so that these tables are part of `Base.metadata`
-(migrations, drift checks, the test fixtures) wherever the models are.
+`service.store.schema` loads this module with the other model modules, so that these tables are part
+of the schema's metadata (migrations, drift checks, the test fixtures).
 
 - `Webhook`: a subscription. `team_id` NULL means every team (admin only). The signing secret is
   stored as it is (it signs, so it cannot be hashed); the API shows it once. After a rotation the

@@ -17,6 +17,7 @@ from sqlalchemy.exc import DBAPIError, StatementError
 
 from service.api.views import encoded, job_page
 from service.backend_options import BackendKind
+from service.lifecycle import TERMINAL
 from service.store import jobs as store_jobs
 from service.store.db import make_engine, one_statement
 from service.store.driver_select import DriverSelect, driver_reads
@@ -24,7 +25,6 @@ from service.store.job_sort import SORT_TEXTS, After, JobCursor, JobSort
 from service.store.jobs import JobFilter, _page_statements, list_job_rows
 from service.store.known_tokens import Unproven, live_values
 from service.store.models import Job, Team, utcnow
-from service.store.states import TERMINAL
 from service.store.tokens import Principal, ensure_team
 from service.store.vocab import JobStatus, Role
 from tests.db_fixtures import Env

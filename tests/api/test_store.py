@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import func, select
 
+from service.lifecycle import ALLOWED, TERMINAL
 from service.planner import plan
 from service.spec import TrainingSpec
 from service.store import migrate
 from service.store.db import make_engine, make_sessionmaker
 from service.store.jobs import NewJob
 from service.store.models import Event, Job
-from service.store.states import ALLOWED, TERMINAL, IllegalTransition, JobStatus, transition
+from service.store.states import IllegalTransition, JobStatus, transition
 from service.store.submissions import insert_jobs
 from service.store.tokens import Principal, ensure_team
 from service.store.visibility import can_see, visible_to

@@ -1,4 +1,4 @@
-"""The operators' dashboard, served by the API process under `/ui/` (issue 14; see docs/dashboard.md).
+"""The operators' dashboard, served by the API process under `/ui/` (see docs/dashboard.md).
 
 Server-rendered pages (Jinja2) with htmx for partial updates and server-sent events for live rows,
 events and logs; no front-end build step (the vendored files are in `static/vendor/`, see VENDOR.md).
@@ -25,7 +25,7 @@ from fastapi import APIRouter, FastAPI
 from fastapi.staticfiles import StaticFiles
 from starlette.responses import RedirectResponse
 
-from service.api.ui import errors
+from service.api.ui import error_pages
 from service.api.ui.limits import UiBodyLimit
 from service.api.ui.render import STATIC_DIR, STATIC_URL
 from service.api.ui.routers import admin, auth, job, jobs, plan, pools, queue, teams
@@ -42,8 +42,8 @@ def _home() -> RedirectResponse:
 
 def mount_ui(app: FastAPI) -> None:
     """Mount the dashboard on `app`: its pages, static files and error handlers. Call after the API's
-    error handlers are installed (`errors.install` keeps the API's `NotFound` answer for API paths)."""
-    errors.install(app, app.exception_handlers.get(NotFound))
+    error handlers are installed (`error_pages.install` keeps the API's `NotFound` answer for API paths)."""
+    error_pages.install(app, app.exception_handlers.get(NotFound))
     app.add_api_route("/ui", _home, include_in_schema=False)
     app.add_api_route("/ui/", _home, include_in_schema=False)
     for router in PAGE_ROUTERS:

@@ -1,4 +1,5 @@
-"""The dashboard's errors: raised by routes and dependencies, answered as HTML pages (`install`).
+"""The dashboard's errors: raised by routes and dependencies, answered as HTML pages
+(`service.api.ui.error_pages.install`).
 
 - `UiError(status, title, message)`: an error page with that status (404 for a job the session may
   not see, in the same words as a missing one; 403 for admin pages and missing CSRF tokens).
@@ -11,11 +12,7 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-import anyio.to_thread
-from fastapi import FastAPI, Request
-from starlette.responses import RedirectResponse, Response
-
-from service.store.tokens import NotFound
+from fastapi import Request
 
 LOGIN_PATH = "/ui/login"
 
@@ -38,28 +35,3 @@ def login_url(next_path: str | None) -> str:
 
 def is_ui(request: Request) -> bool:
     return request.url.path == "/ui" or request.url.path.startswith("/ui/")
-
-
-def install(app: FastAPI, previous_not_found: object) -> None:
-    """Register the handlers. `previous_not_found` is the API's `NotFound` handler, kept for API paths."""
-    from service.api.ui.render import error_page  # render imports session, which imports this module
-
-    @app.exception_handler(UiError)
-    async def _ui_error(request: Request, exc: UiError) -> Response:
-        return await anyio.to_thread.run_sync(error_page, request, exc.status, exc.title, exc.message)
-
-    @app.exception_handler(SignInRequired)
-    async def _sign_in(request: Request, exc: SignInRequired) -> Response:
-        target = login_url(exc.next_path)
-        if request.headers.get("hx-request"):
-            return Response(status_code=401, headers={"HX-Redirect": target})
-        return RedirectResponse(target, status_code=303)
-
-    @app.exception_handler(NotFound)
-    async def _not_found(request: Request, exc: NotFound) -> Response:
-        if is_ui(request):
-            return await anyio.to_thread.run_sync(error_page, request, 404, "Not found",
-                                                  f"{exc}: it does not exist, or your token may not see it.")
-        assert callable(previous_not_found)
-        response: Response = await previous_not_found(request, exc)
-        return response
