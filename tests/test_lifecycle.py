@@ -27,7 +27,7 @@ def test_the_drawings_of_the_table_are_the_table() -> None:
 def test_the_named_sets_mean_what_they_say() -> None:
     assert set(ALLOWED) == set(JobStatus)
     assert all(not ALLOWED[s] for s in TERMINAL) and all(ALLOWED[s] for s in HOLDING)
-    assert HOLDING == set(JobStatus) - TERMINAL
+    assert set(JobStatus) - TERMINAL == HOLDING
     assert UNSUBMITTED <= WAITING and not TRACKED & UNSUBMITTED
     # every non-terminal state can be cancelled, directly or through CANCELLING
     assert all(JobStatus.CANCELLED in ALLOWED[s] or JobStatus.CANCELLING in ALLOWED[s] for s in HOLDING

@@ -9,7 +9,6 @@ time share one search, and the last few hundred plans are remembered.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import threading
 import time
@@ -26,7 +25,7 @@ from service.api.schemas import ErrorField, JobOut, JobSummary
 from service.api.views import encoded, job_out, job_summary, redacted_spec
 from service.planner import Deadline, InvalidSpec, Plan, SearchBudgetExceeded, plan
 from service.planner.calibration import Calibration
-from service.planner.runnable import runtime_gaps
+from service.planner.verdict import refusal
 from service.scheduling.model import TeamQuota
 from service.settings import Settings
 from service.spec import TrainingSpec
@@ -249,29 +248,19 @@ def team_of(principal: Principal, spec: TrainingSpec) -> str:
 
 
 def fitting_plan(spec: TrainingSpec, planner: PlanRunner, team: str) -> Plan:
-    """The (cached) plan of `spec` for a job of `team`; 422 `does_not_fit` with the planner's reasons
-    when no layout fits, 422 `needs_runtime_support` when the job runs shardctl's built-in trainer (no
-    `entrypoint`) and the plan needs what that trainer does not implement yet (offload, context
-    parallelism, fp8): the planner puts every layout the trainer runs first, so no such layout fits,
-    and the job would only fail once launched. A user's own program (`entrypoint.command`) may
-    implement them and is let through."""
+    """The (cached) plan of `spec` for a job of `team`, when it can run (`check_runnable`)."""
     result = cached_plan(spec, planner, team)
-    if not result.fits:
-        raise ApiError(422, "does_not_fit", "no layout fits: " + "; ".join(result.reasons),
-                       details={"reasons": result.reasons, "min_gpus_to_fit": result.min_gpus_to_fit,
-                                "closest": result.model_dump(mode="json")})
-    gaps = runtime_gaps(result.layout, precision=spec.training.precision) if spec.entrypoint is None else []
-    if gaps:
-        fix = ("set training.precision: bf16" if any(g.field == "precision" for g in gaps)
-               else "ask for more GPUs (resources), so that a layout the trainer runs fits")
-        message = (f"the layout that fits, {result.layout.short()}, needs what shardctl's built-in trainer does not"
-                   f" implement yet ({'; '.join(g.message for g in gaps)}); {fix}, or run your own program"
-                   " (entrypoint.command) that implements it")
-        raise ApiError(422, "needs_runtime_support", message,
-                       fields=[ErrorField(loc=g.loc, message=g.message) for g in gaps],
-                       details={"layout": dataclasses.asdict(result.layout),
-                                "gaps": [g.field for g in gaps]})
+    check_runnable(spec, result)
     return result
+
+
+def check_runnable(spec: TrainingSpec, result: Plan) -> None:
+    """422 with the code and message of `service.planner.verdict.refusal` when the plan cannot become a
+    job (`does_not_fit`, `needs_runtime_support`)."""
+    refused = refusal(spec, result)
+    if refused is not None:
+        raise ApiError(422, refused.code, refused.message, details=refused.details,
+                       fields=[ErrorField(loc=loc, message=message) for loc, message in refused.fields])
 
 
 def resolve_team(session: Session, name: str, live: LiveValues | None = None) -> SubmittingTeam:
@@ -320,9 +309,7 @@ def submit_job(db: sessionmaker[Session], principal: Principal, spec: TrainingSp
     stored_spec = spec.model_copy(update={"team": team_name})
     try:
         with db.begin() as session:
-            team = resolve_team(session, team_name, live)
-            check_priority(principal, team, spec.priority)
-            check_pools(session, spec, result, local_gpus, pools=in_effect(team.pools, local_gpus))
+            team = check_in_store(session, principal, spec, result, team_name, local_gpus, live)
             [job] = insert_jobs(session, [NewJob(team=team, spec=stored_spec, plan=result)], actor=principal.actor,
                                 idempotency=idem)
             return Submitted(job.id, True, encoded(new_job_out(job)), job.team_name)
@@ -334,6 +321,54 @@ def submit_job(db: sessionmaker[Session], principal: Principal, spec: TrainingSp
         if replay is None:
             raise
         return replay
+
+
+def check_in_store(session: Session, principal: Principal, spec: TrainingSpec, result: Plan, team_name: str,
+                   local_gpus: str | None, live: LiveValues | None = None) -> SubmittingTeam:
+    """The checks of a submission that read the store, in `session`: the team exists (`NotFound`), the
+    priority is within its limit (403), the backend's pools can run the plan (422). Returns the team."""
+    team = resolve_team(session, team_name, live)
+    check_priority(principal, team, spec.priority)
+    check_pools(session, spec, result, local_gpus, pools=in_effect(team.pools, local_gpus))
+    return team
+
+
+@dataclass(frozen=True, slots=True)
+class Preview:
+    """What submitting the spec would do: its plan and team, and `refused`, the error `submit_job` would
+    answer (None: it would queue the job)."""
+
+    plan: Plan
+    team: str
+    refused: ApiError | None
+
+
+def preview(db: sessionmaker[Session], principal: Principal, spec: TrainingSpec, configured: Collection[str] | None,
+            planner: PlanRunner, *, local_gpus: str | None = None) -> Preview:
+    """The dry run, for every entry point (`POST /v1/plans`, `shardctl submit --dry-run` and `plan
+    --server` through it, the dashboard's Plan page): every check `submit_job` makes, in its order, on
+    the same plan, storing nothing (the store's checks run in a transaction that is rolled back).
+
+    What comes before a plan exists raises as `submit_job` raises it (a backend this server does not
+    run, another team's name for a member, a search too costly, the planner busy); a refusal of the
+    plan (no fit, a runtime gap, an unknown team, a priority over the limit, no pool that can run it)
+    is `Preview.refused`, with the status and code `submit_job` would answer."""
+    check_backend(spec, configured)
+    team_name = team_of(principal, spec)
+    result = cached_plan(spec, planner, team_name)
+    try:
+        check_runnable(spec, result)
+        session = db()
+        try:
+            check_in_store(session, principal, spec, result, team_name, local_gpus)
+        finally:
+            session.rollback()
+            session.close()
+    except ApiError as exc:
+        return Preview(result, team_name, exc)
+    except NotFound as exc:
+        return Preview(result, team_name, ApiError(404, "not_found", str(exc)))
+    return Preview(result, team_name, None)
 
 
 def _replay(db: sessionmaker[Session], principal: Principal, idem: tuple[str, str, str]) -> Submitted | None:

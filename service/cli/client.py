@@ -133,10 +133,29 @@ def error_from_response(response: httpx.Response) -> CliError:
     status = response.status_code
     try:
         error = response.json()["error"]
-        code, message = str(error.get("code")), str(error.get("message"))
+        str(error.get("code"))
     except (ValueError, KeyError, TypeError, AttributeError):
         return CliError(f"HTTP {status}: {response.text[:300]}")
-    details = error.get("details") if isinstance(error.get("details"), dict) else {}
+    return error_from_body(status, error)
+
+
+def error_from_verdict(preview: dict[str, Any]) -> CliError | None:
+    """The error `POST /v1/jobs` would answer for a spec, from its dry run (`POST /v1/plans`'s `verdict`,
+    and the plan's reasons for `does_not_fit`): the same `CliError` a submission gets; None when the
+    job would be queued."""
+    verdict = preview.get("verdict") or {}
+    if verdict.get("submittable", True):
+        return None
+    details = ({"reasons": preview.get("reasons") or [], "min_gpus_to_fit": preview.get("min_gpus_to_fit")}
+               if verdict.get("code") == "does_not_fit" else {})
+    return error_from_body(int(verdict.get("status") or 422), {**verdict, "details": details})
+
+
+def error_from_body(status: int, error: dict[str, Any]) -> CliError:
+    """`error_from_response` for an error body already read."""
+    code, message = str(error.get("code")), str(error.get("message"))
+    found = error.get("details")
+    details: dict[str, Any] = found if isinstance(found, dict) else {}
     problems = _problems(error.get("fields")) + _problems(details.get("problems")) + _problems(details.get("fields"))
     notes: list[str] = []
     exit_code = EXIT_ERROR

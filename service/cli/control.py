@@ -20,9 +20,8 @@ from rich.table import Table
 from rich.text import Text
 
 from service.cli import wiring
-from service.cli.client import Api, CliError, api_url, error_from_response, write_config
+from service.cli.client import Api, CliError, api_url, error_from_response, error_from_verdict, write_config
 from service.cli.render import (
-    EXIT_DOES_NOT_FIT,
     EXIT_ERROR,
     EXIT_UNREADABLE,
     human_seconds,
@@ -371,8 +370,8 @@ def submit(spec_path: Annotated[Path, typer.Argument(help="Spec file (YAML or JS
            as_json: JsonOpt = False) -> None:
     """Plan and queue a job through the API.
 
-    Exit codes:
-      0  queued (with --dry-run: planned, and it fits)
+    Exit codes (with --dry-run, the ones the submission would give):
+      0  queued (with --dry-run: it would be queued)
       1  an invalid spec (a `field.path: message` line per problem), or an error
       2  no layout fits
       3  the spec file does not exist or cannot be read
@@ -381,38 +380,48 @@ def submit(spec_path: Annotated[Path, typer.Argument(help="Spec file (YAML or JS
     spec = read_spec(spec_path, load_spec)
     body = spec.model_dump(mode="json", exclude_unset=True)
     if dry_run:
-        preview = _api_call(spec_path, "POST", "/v1/plans", json=body)
-        fits = bool(preview.get("fits"))
+        preview = api_call(spec_path, "POST", "/v1/plans", json=body)
         if as_json:
             out_json(preview)
         else:
             from service.cli.render import plan_panel
             from service.planner import Plan
 
-            launch = preview.pop("launch", None)
-            console.print(plan_panel(Plan.model_validate(preview), console.width))
-            console.out(json.dumps(launch, indent=2) if launch else "(no dispatcher for this backend on the server)")
-        if not fits:
-            raise typer.Exit(EXIT_DOES_NOT_FIT)
+            launch = preview.get("launch")
+            shown = {k: v for k, v in preview.items() if k not in ("launch", "verdict")}
+            console.print(plan_panel(Plan.model_validate(shown), console.width))
+            if launch:
+                console.out(json.dumps(launch, indent=2))
+            elif (preview.get("verdict") or {}).get("submittable"):
+                console.out("(no dispatcher for this backend on the server)")
+        refused = error_from_verdict(preview)
+        if refused is not None:
+            raise refusal_exit(spec_path, refused)
         return
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-    job = _api_call(spec_path, "POST", "/v1/jobs", json=body, headers=headers)
+    job = api_call(spec_path, "POST", "/v1/jobs", json=body, headers=headers)
     if as_json:
         return out_json(job)
     console.out(f"job {job['id']} {job['status']}: {job['name']} ({job['team']}) {job['layout']},"
                 f" predicted {human_seconds(job['predicted_step_s'] or 0)}/step")
 
 
-def _api_call(spec_path: Path, method: str, path: str, **kw: Any) -> Any:
+def api_call(spec_path: Path, method: str, path: str, **kw: Any) -> Any:
     """`Api().request(...)` for a spec: a spec the API refuses prints as `shardctl plan` prints one
     (`spec.yaml: invalid spec`, then `  field.path: message` lines); other errors as `fail` does."""
     try:
         return Api().request(method, path, **kw)
     except CliError as exc:
-        if exc.is_invalid_spec:
-            print_problems(err, str(spec_path), exc.problems)
-            raise typer.Exit(EXIT_ERROR) from None
-        raise fail(exc) from None
+        raise refusal_exit(spec_path, exc) from None
+
+
+def refusal_exit(spec_path: Path, exc: CliError) -> typer.Exit:
+    """Print the API's refusal of a spec (as `shardctl plan` prints an invalid one, or as `fail` does)
+    and return the exit to raise: a submission and its dry run end alike."""
+    if exc.is_invalid_spec:
+        print_problems(err, str(spec_path), exc.problems)
+        return typer.Exit(EXIT_ERROR)
+    return fail(exc)
 
 
 def jobs(status: Annotated[list[str] | None, typer.Option("--status", help="Repeat for several.")] = None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Annotated, Any, cast
@@ -13,6 +14,7 @@ from typer.core import TyperGroup
 from service.cli import calibrate as calibrate_cli
 from service.cli import control, notify
 from service.cli import logs as logs_cli
+from service.cli.client import CliError, error_from_verdict
 from service.cli.profile import profile_app
 from service.cli.render import (
     EXIT_DOES_NOT_FIT,
@@ -28,6 +30,7 @@ from service.planner import Plan, plan
 from service.planner.hardware import CATALOG
 from service.planner.models import PRESETS
 from service.planner.search import DEFAULT_MIN_FREE_FRACTION, SIMPLER_WITHIN
+from service.planner.verdict import refusal
 from service.spec import LayoutPins, TrainingSpec, load_spec, spec_json_schema
 
 # Click's UsageError, wherever this typer takes click from (recent versions vendor their own copy).
@@ -115,13 +118,24 @@ pipeline before a pipeline). The explanation says when headroom or simplicity de
 GiB (2^30 bytes). FLOPs and MFU count causal attention at half the full-attention FLOPs, as the
 step time does.
 
+Offline (the default) the plans are the model's alone, not calibrated by measured runs. With
+--server they are made by the server (SHARDCTL_URL) as `shardctl submit` would have them made:
+calibrated for your team, and checked as a submission is (the server's backends and pools, your
+team's limits); the exit code is then the one `shardctl submit` would give.
+
 Exit codes:
-  0  every plan fits
-  1  an invalid spec (a `field.path: message` line per problem), or an error
+  0  every plan fits and can be submitted
+  1  an invalid spec (a `field.path: message` line per problem), a plan shardctl's built-in trainer
+     cannot run (offload, context parallelism, fp8: the message says the fix), a refusal by the
+     server (--server), or an error
   2  a plan does not fit (printed anyway: why, and the GPU count that fits)
   3  a spec file does not exist or cannot be read
 The first invalid or unreadable file stops the command.
 """
+
+
+def _plan_at(spec: TrainingSpec, _path: Path) -> Plan:
+    return plan(spec)
 
 
 @app.command("plan", help=PLAN_HELP)
@@ -130,6 +144,9 @@ def plan_command(
     layout: Annotated[str | None, typer.Option(
         "--layout", help="Pins on top of the spec's own, e.g. dp=8,tp=2,sharding=fsdp.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the Plan JSON.")] = False,
+    server: Annotated[bool, typer.Option(
+        "--server", help="Plan on the server (SHARDCTL_URL): calibrated for your team, checked as a submission"
+        " is, and exiting as `shardctl submit` would.")] = False,
     brief: Annotated[bool, typer.Option(
         "--brief", help="One line per spec: name, layout, step time, memory, whether it fits.")] = False,
     min_free: Annotated[float | None, typer.Option(
@@ -138,19 +155,42 @@ def plan_command(
         " planner.min_free_fraction (default 0.1; 0 turns the rule off; below 0.5).")] = None,
 ) -> None:
     """Plan the best layout that fits (the help text is `PLAN_HELP`)."""
-    plans: list[Plan] = [control.read_spec(path, lambda p: plan(_load(p, layout, min_free)))
-                         for path in specs]
+    loaded = [(path, control.read_spec(path, lambda p: _load(p, layout, min_free))) for path in specs]
+    documents: list[dict[str, Any]] = []
+    refusals: list[tuple[Path, CliError]] = []
+    for path, spec in loaded:
+        if server:
+            document = control.api_call(path, "POST", "/v1/plans", json=spec.model_dump(mode="json",
+                                                                                         exclude_unset=True))
+            refused = error_from_verdict(document)
+        else:
+            planned = control.read_spec(path, functools.partial(_plan_at, spec))  # the planner checks pins too
+            document = planned.model_dump(mode="json")
+            offline = refusal(spec, planned)
+            refused = None if offline is None else error_from_verdict(
+                {**document, "verdict": {"submittable": False, "status": 422, "code": offline.code,
+                                         "message": offline.message,
+                                         "fields": [{"loc": loc, "message": m} for loc, m in offline.fields]}})
+        documents.append(document)
+        if refused is not None:
+            refusals.append((path, refused))
+    plans = [Plan.model_validate({k: v for k, v in d.items() if k not in ("launch", "verdict")}) for d in documents]
     if as_json:
-        payload = [p.model_dump(mode="json") for p in plans]
-        console.out(json.dumps(payload[0] if len(payload) == 1 else payload, indent=2))
+        console.out(json.dumps(documents[0] if len(documents) == 1 else documents, indent=2))
     elif brief:
         for p in plans:
             console.out(plan_line(p), highlight=False)
     else:
         for p in plans:
             console.print(plan_panel(p, console.width))
-    if not all(p.fits for p in plans):
-        raise typer.Exit(EXIT_DOES_NOT_FIT)
+        if not server:
+            console.out("Not calibrated: planned offline from the model alone; --server plans with the server's"
+                        " calibration and checks, as a submission would.", highlight=False)
+    if refusals:
+        path, refused = next(((p, r) for p, r in refusals if r.code != "does_not_fit"), refusals[0])
+        if refused.code == "does_not_fit":
+            raise typer.Exit(EXIT_DOES_NOT_FIT)  # each panel or line says why already
+        raise control.refusal_exit(path, refused)
 
 
 @app.command("spec-schema")

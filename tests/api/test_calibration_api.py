@@ -184,7 +184,9 @@ def test_no_report_a_jobs_program_posts_breaks_planning_or_outweighs_other_jobs(
         r = env.client.post(f"/v1/jobs/{job}/measurements", json={"kind": "report", "data": data}, headers=admin)
         assert r.status_code == 201, r.text
 
-    post(job_id, {**good, "measured": "fast"})
+    r = env.client.post(f"/v1/jobs/{job_id}/measurements", headers=admin,
+                        json={"kind": "report", "data": {**good, "measured": "fast"}})
+    assert r.status_code == 422 and "data.measured" in r.text  # refused at the door, stored nowhere
     post(job_id, {**good, "measured": {"step_s": 5e-324, "peak": 5e-324}})
     post(job_id, {**good, "measured": {"step_s": good["measured"]["step_s"] * 1000, "peak": 1.0}})
     assert calibration(env, admin)["groups"] == []

@@ -184,3 +184,19 @@ def test_submit_prints_an_invalid_spec_as_plan_does(tmp_path: Path) -> None:
 def test_submit_of_a_missing_file_exits_3(tmp_path: Path) -> None:
     result = runner.invoke(app, ["submit", str(tmp_path / "nope.yaml")], env={"SHARDCTL_URL": "http://127.0.0.1:9"})
     assert result.exit_code == 3 and "no such file" in result.output
+
+
+def test_offline_plan_says_it_is_not_calibrated_and_refuses_what_the_built_in_trainer_cannot_run(
+        tmp_path: Path) -> None:
+    """`plan` offline answers what the spec alone tells as a submission would: a 70B job on 8 H100s fits
+    only by offloading its parameters, which shardctl's trainer does not do yet; the user's own
+    program may."""
+    spec = deep_merge(BASE_SPEC, {"model": {"preset": "llama-3.1-70b"}, "layout": {"offload": "params",
+                                                                                  "sharding": "fsdp"}})
+    result = runner.invoke(app, ["plan", str(write(tmp_path, spec))])
+    assert result.exit_code == 1, result.output
+    assert "needs_runtime_support" in result.output and "entrypoint.command" in result.output
+    assert "Not calibrated: planned offline" in result.output
+    own = deep_merge(spec, {"entrypoint": {"command": ["python", "train.py"]}})
+    result = runner.invoke(app, ["plan", str(write(tmp_path, own))])
+    assert result.exit_code == 0, result.output

@@ -25,12 +25,11 @@ from starlette.responses import RedirectResponse, Response
 
 from service.api.deps import Db
 from service.api.errors import ApiError
-from service.api.routers.plans import PlanPreview, create_plan
-from service.api.submission import submit
+from service.api.submission import preview, submit
 from service.api.ui.errors import UiError
 from service.api.ui.render import page
 from service.api.ui.session import Csrf, Signed, UiSession
-from service.planner import InvalidSpec
+from service.planner import InvalidSpec, Plan
 from service.spec import TrainingSpec, field_path
 from service.store.vocab import Role
 
@@ -77,6 +76,22 @@ def parse_spec(text: str) -> TrainingSpec:
         raise SpecRefused(f"invalid spec: {summary}", problems) from None
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """Why submitting the planned spec would be refused: the API's code, and its words."""
+
+    code: str
+    refused: SpecRefused
+
+    @property
+    def summary(self) -> str:
+        return self.refused.summary
+
+    @property
+    def problems(self) -> list[Problem]:
+        return self.refused.problems
+
+
 def _refused(exc: ApiError | InvalidSpec) -> SpecRefused:
     if isinstance(exc, InvalidSpec):
         return SpecRefused(f"invalid spec: {exc}", [Problem(p.path, p.message) for p in exc.problems])
@@ -84,10 +99,11 @@ def _refused(exc: ApiError | InvalidSpec) -> SpecRefused:
     return SpecRefused(exc.message, fields)
 
 
-def _form(request: Request, session: UiSession, text: str, *, plan: PlanPreview | None = None,
-          refused: SpecRefused | None = None, status_code: int = 200) -> Response:
+def _form(request: Request, session: UiSession, text: str, *, plan: Plan | None = None,
+          refused: SpecRefused | None = None, verdict: Verdict | None = None, status_code: int = 200) -> Response:
     return page(request, session, "plan.html", title="Plan", spec_text=text, plan=plan, refused=refused,
-                can_submit=session.principal.role in (Role.ADMIN, Role.MEMBER), status_code=status_code)
+                verdict=verdict, can_submit=session.principal.role in (Role.ADMIN, Role.MEMBER),
+                status_code=status_code)
 
 
 @router.get("/ui/plan")
@@ -96,15 +112,21 @@ def plan_form(request: Request, session: Signed) -> Response:
 
 
 @router.post("/ui/plan")
-def plan_spec(request: Request, session: Csrf, spec: Annotated[str, Form(max_length=MAX_SPEC)] = "") -> Response:
+def plan_spec(request: Request, session: Csrf, db: Db,
+              spec: Annotated[str, Form(max_length=MAX_SPEC)] = "") -> Response:
+    """The dry run (`submission.preview`, as `POST /v1/plans`): the plan, and what submitting it would
+    answer; the Submit button only when it would queue the job."""
+    app = request.app.state
     try:
         parsed = parse_spec(spec)
-        plan = create_plan(parsed, session.principal, request)
+        dry = preview(db, session.principal, parsed, app.configured_backends, app.planner,
+                      local_gpus=app.settings.local_gpus)
     except SpecRefused as exc:
         return _form(request, session, spec, refused=exc, status_code=422)
     except (ApiError, InvalidSpec) as exc:
         return _form(request, session, spec, refused=_refused(exc), status_code=getattr(exc, "status", 422))
-    return _form(request, session, spec, plan=plan)
+    verdict = None if dry.refused is None else Verdict(dry.refused.code, _refused(dry.refused))
+    return _form(request, session, spec, plan=dry.plan, verdict=verdict)
 
 
 @router.post("/ui/plan/submit")
