@@ -12,6 +12,8 @@ import pytest
 from service.spec import TrainingSpec
 
 pytest_plugins = ["tests.db_fixtures", "tests.k8s.fake_cluster"]
+# the shared helpers assert too: their failures read like a test's own (before any test imports them)
+pytest.register_assert_rewrite("tests.support", "tests.runtime.harness")
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

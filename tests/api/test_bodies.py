@@ -1,4 +1,4 @@
-"""Request bodies (issue 11, items 3, 5, 6 and 8): what can be stored can be read back, bodies are
+"""Request bodies: what can be stored can be read back, bodies are
 limited as they arrive and only read after the token is checked, and a body that is not JSON says so.
 
 Each test here failed on the code before the request gate (`service.api.app.RequestGate`): a lone

@@ -1,4 +1,4 @@
-"""Edges of the API (issue 11, items 7, 9 and 14): racing first submissions, timestamps with their
+"""Edges of the API: racing first submissions, timestamps with their
 UTC offset on both databases, and an OpenAPI document that lists every status and media type.
 
 Each failed on the code before: 16 first submissions at once on PostgreSQL were 500s (two requests

@@ -1,8 +1,7 @@
-"""A feed cursor never skips an event that commits after a later one (issue noted in the notification
-work): on PostgreSQL an event's id is taken when its row is inserted and becomes visible when its
-transaction commits, so ids can appear out of order. Readers stop before a young gap in ids
-(`committed_horizon`); an old gap is a rolled-back insert and is passed. SQLite writes one
-transaction at a time: no horizon there."""
+"""A feed cursor never skips an event that commits after a later one: on PostgreSQL an event's id
+is taken when its row is inserted and becomes visible when its transaction commits, so ids can appear
+out of order. Readers stop before a young gap in ids (`committed_horizon`); an old gap is a rolled-back
+insert and is passed. SQLite writes one transaction at a time: no horizon there."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Logs and artifacts through the API (issue 13), on the real local backend: jobs whose two ranks print
+"""Logs and artifacts through the API, on the real local backend: jobs whose two ranks print
 lines run end to end (dispatcher, torchrun, the run folder), and the API reads them back from the run
 folder: whole, resumed from a cursor, followed live over Server-Sent Events and resumed with
 Last-Event-ID, one rank only; visibility as `GET /v1/jobs/{id}`; a cap on live followers."""

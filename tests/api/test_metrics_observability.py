@@ -20,9 +20,9 @@ from service.api.app import create_app
 from service.settings import Settings
 from service.store.db import make_engine
 from tests.db_fixtures import Env
-from tests.dispatch.test_dispatcher import drive, make_dispatcher, one_process
 from tests.log_capture import captured_logs
 from tests.specs import tiny
+from tests.support.dispatch import drive, make_dispatcher, one_process
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

@@ -1,4 +1,4 @@
-"""Pools through the API, and the checks a submission passes against them (issue 12)."""
+"""Pools through the API, and the checks a submission passes against them."""
 
 from __future__ import annotations
 

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 
 from service.profiles import analyze_traces
 from tests.db_fixtures import Env
 from tests.specs import tiny
-
-GLOO = sorted((Path(__file__).parents[1] / "profiles" / "fixtures" / "gloo_ddp").glob("rank-*.json.gz"))
+from tests.support.traces import GLOO
 
 
 def _job(env: Env, team: str = "alpha") -> tuple[int, dict[str, str]]:

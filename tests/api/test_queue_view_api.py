@@ -1,4 +1,4 @@
-"""`GET /v1/jobs/{id}/explain` answers a waiting job from the dispatcher's queue view (issue 12):
+"""`GET /v1/jobs/{id}/explain` answers a waiting job from the dispatcher's queue view:
 after a dispatcher cycle the answer carries `as_of` and says what the live computation says; a
 change to a quota drops the view (answers are live again, `as_of` null, until the next cycle); a job
 the view does not hold yet is answered live; a view older than `queue_view_max_age_s` is not used."""
@@ -12,8 +12,8 @@ from sqlalchemy import select
 
 from service.store.models import Job, utcnow
 from service.store.queue_view import view_age_s
-from tests.api.test_quotas import program, setup, submit
 from tests.db_fixtures import Env
+from tests.support.quotas import program, setup, submit
 from workers.backends.local import LocalBackend
 from workers.dispatcher import Dispatcher, DispatcherConfig
 

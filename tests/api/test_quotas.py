@@ -1,4 +1,4 @@
-"""Team quotas through the API and the dispatcher on the local backend with a cpu pool (issue 12):
+"""Team quotas through the API and the dispatcher on the local backend with a cpu pool:
 a team over its quota waits and runs once its first job ends, a team borrows from an idle one, and
 `GET /v1/jobs/{id}/explain` says why, with positions, naming only the caller's own team's jobs."""
 
@@ -9,37 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from tests.db_fixtures import Env
-from tests.specs import tiny
+from tests.support.quotas import program, setup, submit
 from workers.backends.local import LocalBackend
 from workers.dispatcher import Dispatcher, DispatcherConfig
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
-def program(code: str, *, team: str, slots: int = 1, name: str = "q") -> dict[str, Any]:
-    return tiny(name=name, team=team, resources={"gpus_per_node": slots},
-                entrypoint={"command": ["python", "-c", code]})
-
-
 def until_file(path: Path) -> str:
     return f"import os, time\nwhile not os.path.exists({str(path)!r}): time.sleep(0.1)"
-
-
-def setup(env: Env, admin: dict[str, str], gpus: int, quotas: dict[str, Any]) -> dict[str, dict[str, str]]:
-    r = env.client.put("/v1/pools/local", json={"backend": "local", "gpu": "cpu", "gpus": gpus}, headers=admin)
-    assert r.status_code in (200, 201), r.text
-    members = {}
-    for team in ("alpha", "beta", "gamma"):
-        members[team] = env.headers(env.token("member", team=team))
-    for team, quota in quotas.items():
-        assert env.client.put(f"/v1/teams/{team}/quota", json=quota, headers=admin).status_code == 200
-    return members
-
-
-def submit(env: Env, headers: dict[str, str], spec: dict[str, Any]) -> int:
-    r = env.client.post("/v1/jobs", json=spec, headers=headers)
-    assert r.status_code == 201, r.text
-    return int(r.json()["id"])
 
 
 def status(env: Env, admin: dict[str, str], job_id: int) -> str:

@@ -2,7 +2,7 @@
 under a time budget on a bounded pool (422 `plan_too_costly` past the budget, 503 `planner_busy`
 with Retry-After when every planning thread is busy). Both databases (`db_url`).
 
-The security report behind this (issue 11, items 2 and 6): `global_batch: 2**62` never returned and
+What a security review found before this: `global_batch: 2**62` never returned and
 40 such requests took /healthz down; `10**400` and `memory_gib: Infinity`, `1e308`, `5e-324` were 500s.
 """
 

@@ -1,4 +1,4 @@
-"""Live event streams (issue 11, items 4 and 6): streams run on the event loop and leave the worker
+"""Live event streams: streams run on the event loop and leave the worker
 threads to the other endpoints, are capped per token and in all, end when their token stops
 working, and a Last-Event-ID that is not an event id is a 400.
 

@@ -1,5 +1,6 @@
 """RBAC as the API server applies it, for the chart's tests: requests to (verb, group, resource,
-namespace) and the question whether a Role's rules allow one.
+namespace), the question whether a Role's rules allow one, and the rules a rendered chart binds to its
+ServiceAccount in each namespace (`roles_by_namespace`).
 
 `authorization(method, path, query)` maps a request the fake API server recorded to what the real
 API server's authorizer asks: GET of a named object is `get`, of a collection `list` (`watch` with
@@ -14,6 +15,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Any
+
+from tests.deploy.chart import find
 
 _RESOURCE = re.compile(r"^/(?:api/(?P<cv>v1)|apis/(?P<g>[^/]+)/(?P<v>[^/]+))(?:/namespaces/(?P<ns>[^/]+))?"
                        r"/(?P<plural>[^/]+)(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?$")
@@ -66,3 +69,17 @@ def grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
     """Every (group, resource, verb) the rules grant."""
     return {(g, res, v) for r in rules for g in r.get("apiGroups", []) for res in r.get("resources", [])
             for v in r.get("verbs", [])}
+
+
+def roles_by_namespace(objs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The rules bound to the chart's ServiceAccount in each namespace (Role or ClusterRole)."""
+    sa = next(o for o in objs if o["kind"] == "ServiceAccount")["metadata"]["name"]
+    out: dict[str, list[dict[str, Any]]] = {}
+    for binding in find(objs, "RoleBinding"):
+        assert any(s["kind"] == "ServiceAccount" and s["name"] == sa for s in binding["subjects"])
+        ref = binding["roleRef"]
+        role = next(o for o in objs if o["kind"] == ref["kind"] and o["metadata"]["name"] == ref["name"]
+                    and (ref["kind"] == "ClusterRole" or o["metadata"]["namespace"] ==
+                         binding["metadata"]["namespace"]))
+        out[binding["metadata"]["namespace"]] = role["rules"]
+    return out

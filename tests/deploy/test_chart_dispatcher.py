@@ -21,8 +21,7 @@ from service.settings import Settings
 from tests.db_fixtures import Env
 from tests.deploy.chart import render, scenario
 from tests.deploy.podenv import container_environment, kubeconfig
-from tests.deploy.rbac import allows, authorization
-from tests.deploy.test_rbac import roles_by_namespace
+from tests.deploy.rbac import allows, authorization, roles_by_namespace
 from tests.k8s.fake_apiserver import FakeApiServer
 from tests.k8s.schemas import require_crd_schemas
 from tests.specs import tiny

@@ -5,33 +5,17 @@ Role grants nothing the backend never asks for (no wildcards)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from kubernetes import client
 
-from tests.deploy.chart import find, render, scenario
-from tests.deploy.rbac import Access, allows, authorization, grants
+from tests.deploy.chart import render, scenario
+from tests.deploy.rbac import Access, allows, authorization, grants, roles_by_namespace
 from tests.k8s.conftest import IMAGE, make_request
 from tests.k8s.fake_apiserver import FakeApiServer
 from workers.backends.base import Handle
 from workers.backends.kubernetes import KubernetesBackend
 
 HOME, OTHER = "training", "team-b"  # the postgres scenario's kubernetes.namespace and namespaces
-
-
-def roles_by_namespace(objs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """The rules bound to the chart's ServiceAccount in each namespace (Role or ClusterRole)."""
-    sa = next(o for o in objs if o["kind"] == "ServiceAccount")["metadata"]["name"]
-    out: dict[str, list[dict[str, Any]]] = {}
-    for binding in find(objs, "RoleBinding"):
-        assert any(s["kind"] == "ServiceAccount" and s["name"] == sa for s in binding["subjects"])
-        ref = binding["roleRef"]
-        role = next(o for o in objs if o["kind"] == ref["kind"] and o["metadata"]["name"] == ref["name"]
-                    and (ref["kind"] == "ClusterRole" or o["metadata"]["namespace"] ==
-                         binding["metadata"]["namespace"]))
-        out[binding["metadata"]["namespace"]] = role["rules"]
-    return out
 
 
 def _whole_lives(fake: FakeApiServer) -> None:

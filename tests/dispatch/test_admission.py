@@ -1,4 +1,4 @@
-"""Admission in the dispatcher's lease, against real databases (issue 12): only admitted jobs are
+"""Admission in the dispatcher's lease, against real databases: only admitted jobs are
 leased, in the engine's order, and two dispatchers on PostgreSQL never admit past a pool's size."""
 
 from __future__ import annotations

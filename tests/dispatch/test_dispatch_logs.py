@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.db_fixtures import Env
-from tests.dispatch.test_dispatcher import drive, make_dispatcher, one_process
 from tests.log_capture import captured_logs
+from tests.support.dispatch import drive, make_dispatcher, one_process
 
 
 def status_events(env: Env, job_id: int, admin: dict[str, str]) -> list[dict]:  # type: ignore[type-arg]

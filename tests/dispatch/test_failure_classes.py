@@ -10,8 +10,8 @@ import pytest
 
 from service.cli.render import attempt_lines
 from tests.db_fixtures import Env
-from tests.dispatch.test_dispatcher import drive, make_dispatcher
 from tests.specs import tiny
+from tests.support.dispatch import drive, make_dispatcher
 
 
 def two_ranks(code: str, **extra: Any) -> dict[str, Any]:

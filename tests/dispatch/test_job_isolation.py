@@ -1,4 +1,4 @@
-"""What a local job can reach of the server, and how long its token lives (issue 11).
+"""What a local job can reach of the server, and how long its token lives.
 
 A member's job runs as the server's OS user. It must not find the server's settings in its
 environment (nor in its parent's), nor the admin token the server keeps in its CLI config through
@@ -20,8 +20,8 @@ import pytest
 
 from service import jobenv
 from tests.db_fixtures import Env
-from tests.dispatch.test_dispatcher import drive, make_dispatcher, one_process
 from tests.specs import launch_request
+from tests.support.dispatch import drive, make_dispatcher, one_process
 from workers.backends.base import Handle, Observation, RunState
 from workers.backends.local import LocalBackend
 
@@ -113,7 +113,7 @@ def test_the_attempt_folder_and_what_it_holds_are_the_owners_only(server_home: P
 def test_the_preview_shows_the_jobs_own_home(tmp_path: Path, server_home: Path) -> None:
     backend = LocalBackend(tmp_path / "runs")
     shown = backend.render(launch_request("shardctl-3-1", ["python", "-c", "pass"])).content["env"]
-    assert shown["HOME"] == str(backend.folder / "shardctl-3-1" / "home")
+    assert shown["HOME"] == "<runs>/shardctl-3-1/home"  # the job's own, without the server's folder
     assert "SHARDCTL_DATABASE_URL" not in shown
 
 

@@ -84,9 +84,9 @@ def test_jobs_survive_the_process_that_submitted_them(backend: LocalBackend, tmp
 
     done = tmp_path / "done"
     script = (f"from pathlib import Path; from workers.backends.local import LocalBackend; "
-              f"from tests.dispatch.test_local_backend import request, py; "
-              f"LocalBackend(Path('{backend.folder}')).submit(request('shardctl-5-1', "
-              f"py(\"import time; time.sleep(1.5); open('{done}', 'w').write('ok')\")))")
+              f"from tests.specs import launch_request; "
+              f"LocalBackend(Path('{backend.folder}')).submit(launch_request('shardctl-5-1', ['python', '-c', "
+              f"\"import time; time.sleep(1.5); open('{done}', 'w').write('ok')\"], nodes=1, procs=1))")
     subprocess.run([sys.executable, "-c", script], check=True, cwd=Path(__file__).parents[2], timeout=60)
     handle = Handle(name="shardctl-5-1", backend_id="shardctl-5-1")
     assert backend.poll([handle])[handle.name].state in (RunState.PENDING, RunState.RUNNING)

@@ -12,8 +12,8 @@ import uuid
 from pathlib import Path
 
 from tests.db_fixtures import Env
-from tests.dispatch.test_dispatcher import drive, make_dispatcher
 from tests.specs import tiny
+from tests.support.dispatch import drive, make_dispatcher
 from workers.backends import local_strays
 
 

@@ -13,8 +13,8 @@ import pytest
 
 from service.failures import FailureClass
 from tests.db_fixtures import Env
-from tests.dispatch.test_dispatcher import drive, make_dispatcher
 from tests.specs import tiny
+from tests.support.dispatch import drive, make_dispatcher
 from workers.backends.base import Observation, RunState
 
 #: One process (no torchrun): out of memory, as the runtime reports it, while the plan's micro-batch is over 1;

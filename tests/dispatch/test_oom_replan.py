@@ -15,8 +15,8 @@ import pytest
 
 from service.failures import FailureClass, measured_oom
 from tests.db_fixtures import Env
-from tests.dispatch.test_dispatcher import drive, make_dispatcher
 from tests.runtime.harness import spec_dict
+from tests.support.dispatch import drive, make_dispatcher
 from workers.backends.base import Observation, RunState
 
 #: Live tensor bytes per rank of the tiny model (`tests.runtime.harness`), dp=2 DDP, 4 sequences per rank,

@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-from sqlalchemy import select
 
 from service.joblogs import split_rank
-from service.store.models import Measurement
 from service.store.vocab import MeasurementKind
 from tests.db_fixtures import Env
 from tests.runtime.harness import spec_dict
 from tests.specs import launch_request, tiny
+from tests.support.runtime_jobs import RUNTIME, beats, job, measurements
 from workers.backends.base import RunState
 from workers.backends.local import LocalBackend
 from workers.backends.local_supervisor import job_checkpoint_dir
@@ -25,22 +23,6 @@ from workers.dispatcher import Dispatcher, DispatcherConfig, being_preempted
 from workers.runtime import checkpoint
 
 STEPS = 60
-RUNTIME = ["python", "-m", "workers.runtime", "--heartbeat-every", "1", "--no-profile", "--no-track-memory"]
-
-
-def measurements(env: Env, job_id: int, kind: MeasurementKind) -> list[dict[str, Any]]:
-    with env.app.state.sessions() as session:
-        rows = session.scalars(select(Measurement).where(Measurement.job_id == job_id, Measurement.kind == kind)
-                               .order_by(Measurement.id))
-        return [dict(m.data) for m in rows]
-
-
-def beats(env: Env, job_id: int) -> list[int]:
-    return [int(m["step"]) for m in measurements(env, job_id, MeasurementKind.HEARTBEAT)]
-
-
-def job(env: Env, job_id: int, admin: dict[str, str]) -> dict[str, Any]:
-    return env.client.get(f"/v1/jobs/{job_id}", headers=admin).json()  # type: ignore[no-any-return]
 
 
 @pytest.mark.slow

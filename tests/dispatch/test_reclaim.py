@@ -1,4 +1,4 @@
-"""Reclaim end to end (issue 12): through the API, the dispatcher's admission and the local backend with
+"""Reclaim end to end: through the API, the dispatcher's admission and the local backend with
 a cpu pool. A team borrowing the whole pool runs the built-in runtime; the pool's owner submits; the
 admission engine chooses the borrower as the victim, the dispatcher preempts it with notice, the
 runtime checkpoints, the job goes back to the queue keeping its place, waits while the owner runs
@@ -15,9 +15,9 @@ import pytest
 from service.scheduling.snapshot import SnapshotParams
 from service.store.vocab import MeasurementKind
 from tests.db_fixtures import Env
-from tests.dispatch.test_preemption import RUNTIME, beats, measurements
 from tests.runtime.harness import spec_dict
 from tests.specs import tiny
+from tests.support.runtime_jobs import RUNTIME, beats, measurements
 from workers.backends.local import LocalBackend
 from workers.dispatcher import Dispatcher, DispatcherConfig
 

@@ -1,4 +1,4 @@
-"""Kueue-managed pools (issue 12, "Mapping onto the schedulers teams already run"): shardctl does not
+"""Kueue-managed pools (mapping onto the schedulers teams already run): shardctl does not
 gate their jobs. A dispatcher leases them at once with their pool recorded, their workloads carry the
 team's LocalQueue and priority class (the names `shardctl export kueue` renders) and start suspended,
 and the engine's snapshot leaves them out, so other pools' quotas are untouched. Through the API and a

@@ -1,4 +1,4 @@
-"""Logs on Kubernetes (issue 13): read from the attempt's pods through the API (the fake API server
+"""Logs on Kubernetes: read from the attempt's pods through the API (the fake API server
 serves `pods/<p>/log` with `timestamps`, `sinceTime` and `limitBytes` as a real one does), two ranks
 merged, one rank only, resumed from a cursor without repeating or dropping lines that share a
 timestamp, followed to the end; through the API and the dispatcher too. Artifacts: not available."""

@@ -35,32 +35,18 @@ What the planner does with that cluster and spec, and why it differs from Meta (
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import pytest
 
 from service.planner import plan
 from service.planner.result import Plan
-from service.spec import TrainingSpec
+from tests.support.planner import GPUS, llama3_405b
 
-GPUS = 16_384
-TOKENS_PER_STEP = 16 * 2**20
 # seq_len -> (published mesh, published MFU)
 PUBLISHED: dict[int, tuple[dict[str, int], float]] = {
     8_192: ({"tp": 8, "pp": 16, "cp": 1, "dp": 128}, 0.41),
     131_072: ({"tp": 8, "pp": 16, "cp": 16, "dp": 8}, 0.38),
 }
 MFU_BAND = (0.5, 1.1)  # predicted / published MFU for the published mesh, see the module doc
-
-
-def llama3_405b(seq_len: int, layout: Mapping[str, object] | None = None) -> TrainingSpec:
-    return TrainingSpec.model_validate({
-        "name": "llama3-405b",
-        "model": {"preset": "llama-3.1-405b", "seq_len": seq_len},
-        "training": {"global_batch": TOKENS_PER_STEP // seq_len, "precision": "bf16"},
-        "resources": {"gpu": "H100-SXM-80GB", "gpus_per_node": 8, "nodes": GPUS // 8},
-        "layout": layout or {},
-    })
 
 
 def _bubble_matches_the_interleaved_formula(p: Plan) -> None:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from service.planner import Layout, estimate
+from service.planner import estimate
 from service.planner.hardware import GIB
 from service.planner.memory import (
     activation_memory,
@@ -19,17 +19,9 @@ from service.planner.models import resolve_model
 from service.planner.search import resolve
 from service.spec import ModelSpec
 from tests.conftest import make_spec
+from tests.support.planner import layout
 
 GB = 1e9
-
-
-def layout(**kw: object) -> Layout:
-    fields: dict[str, object] = {
-        "dp": 8, "tp": 1, "pp": 1, "cp": 1, "sharding": "fsdp", "dp_shard": 8, "sequence_parallel": False,
-        "micro_batch": 1, "grad_accum_steps": 4, "activation_checkpointing": "none",
-        "pipeline_schedule": None, "virtual_stages": 1, "offload": "none"}
-    fields.update(kw)
-    return Layout(**fields)  # type: ignore[arg-type]
 
 
 def states_total(psi: float, **kw: object) -> float:

@@ -24,7 +24,7 @@ from service.planner.search import resolve
 from service.planner.timing import forward_times, linear_seconds, recompute_flops_per_step, step_time
 from service.spec import ModelSpec
 from tests.conftest import make_spec
-from tests.planner.test_memory import layout
+from tests.support.planner import layout
 
 MODES = ("none", "op", "full")
 

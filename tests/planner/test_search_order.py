@@ -8,7 +8,7 @@ from pathlib import Path
 from service.planner import plan
 from service.planner.search import SIMPLER_WITHIN
 from service.spec import TrainingSpec, load_spec
-from tests.planner.test_llama3_405b_scale import llama3_405b
+from tests.support.planner import llama3_405b
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llama3-405b-1024xh100.yaml"
 

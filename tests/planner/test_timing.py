@@ -12,7 +12,7 @@ from service.planner.search import resolve
 from service.planner.timing import forward_times, model_flops_per_step, recompute_flops_per_step, step_time
 from service.spec import ModelSpec
 from tests.conftest import make_spec
-from tests.planner.test_memory import layout
+from tests.support.planner import layout
 
 GPT_NO_BIAS = ModelSpec(layers=96, hidden=12288, heads=96, vocab=51200, seq_len=2048, mlp="gelu",
                         norm="layernorm", tied_embeddings=True, positional="learned", bias=False)

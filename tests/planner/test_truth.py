@@ -1,6 +1,6 @@
-"""Issue 16 part A: answers that agree with themselves and with the runtime.
+"""Answers that agree with themselves and with the runtime.
 
-Each test is one report from the issue: offload where it helps (one GPU included), one attention
+Each test is one wrong answer the planner once gave: offload where it helps (one GPU included), one attention
 convention for FLOPs, MFU and time, layouts the runtime accepts, and a risk-aware choice
 (headroom, simplicity) that the explanation owns up to.
 """

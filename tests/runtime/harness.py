@@ -1,4 +1,5 @@
-"""Helpers for the runtime tests: a tiny spec, its plan for a pinned layout, and a torchrun launcher."""
+"""Helpers for the runtime tests: a tiny spec, its plan for a pinned layout, a torchrun launcher, and
+the check of a run's report against the single-process losses and the planner's memory prediction."""
 
 from __future__ import annotations
 
@@ -10,14 +11,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from service.planner import Layout, estimate
-from service.spec import TrainingSpec
+from service.planner.memory import model_state_bytes, stage_params
+from service.planner.models import resolve_model
+from service.spec import ModelSpec, TrainingSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 # A tiny Llama (RMSNorm, RoPE, GQA, SwiGLU), about 0.2M parameters, divisible by tp 2 and 4.
 TINY_MODEL: dict[str, Any] = {"layers": 4, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn_hidden": 128,
                               "vocab": 256, "seq_len": 32}
+#: how far a run's loss curve may be from the single-process fp32 run on the same data
+LOSS_TOL = 5e-5
 
 
 def spec_dict(world: int, *, global_batch: int = 8, precision: str = "fp32", steps: int = 4,
@@ -79,4 +86,33 @@ def torchrun(case: Case, *args: str, timeout: float = 120, extra_env: dict[str, 
 
 def report(case: Case) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((case.out / "report.json").read_text())
+    return data
+
+
+def predicted_states(case_layout: Any, coords: dict[str, int], precision: Any = "fp32") -> tuple[float, float, float]:
+    """The planner's params/grads/optimizer bytes for the rank at `coords` (its pipeline stage).
+
+    With interleaved stages a rank holds v chunks; the planner counts ceil(L/pp) layers per rank
+    plus the embedding on rank 0 and the head on the last rank, which is what the chunks add up
+    to when pp*v divides the layers."""
+    shape = resolve_model(ModelSpec.model_validate(TINY_MODEL))
+    stages = stage_params(shape, case_layout)
+    last = coords.get("pp", 0) == case_layout.pp - 1
+    psi = stages.last if last else stages.first
+    st = model_state_bytes(psi, stages.largest_unit, case_layout, precision, "adamw")
+    return st.params, st.grads, st.optimizer
+
+
+def check_run(case: Case, case_layout: Any, expected_losses: list[float]) -> dict[str, Any]:
+    data = report(case)
+    assert data["status"] == "succeeded", data.get("error")
+    assert [r["rank"] for r in data["ranks"]] == list(range(case.world))
+    assert data["losses"] == pytest.approx(expected_losses, abs=LOSS_TOL)
+    for r in data["ranks"]:
+        params, grads, opt = predicted_states(case_layout, r["coords"])
+        mem = r["memory"]
+        assert mem["params"] == pytest.approx(params, rel=0.01), (r["rank"], "params")
+        assert mem["grads"] == pytest.approx(grads, rel=0.01), (r["rank"], "grads")
+        assert mem["optimizer"] == pytest.approx(opt, rel=0.01), (r["rank"], "optimizer")
+        assert r["step_s"] > 0 and r["tokens_per_s"] > 0
     return data

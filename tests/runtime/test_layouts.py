@@ -15,14 +15,10 @@ from typing import Any
 
 import pytest
 
-from service.planner.memory import model_state_bytes, stage_params
-from service.planner.models import resolve_model
-from service.spec import ModelSpec
-from tests.runtime.harness import TINY_MODEL, Case, layout, make_case, report, torchrun
+from tests.runtime.harness import check_run, layout, make_case, torchrun
 from tests.runtime.reference import reference_losses
 
 STEPS = 4
-LOSS_TOL = 5e-5
 
 FAMILIES: list[Any] = [
     pytest.param(layout(sharding="ddp", dp=2, micro_batch=2, accum=2, ac="full"), id="ddp2-accum-full"),
@@ -50,35 +46,6 @@ FAMILIES: list[Any] = [
     pytest.param(layout(sharding="fsdp", dp=2, pp=2, micro_batch=1, accum=4, schedule="gpipe", ac="full"),
                  id="pp2xfsdp2-gpipe-full", marks=pytest.mark.slow),
 ]
-
-
-def predicted_states(case_layout: Any, coords: dict[str, int], precision: Any = "fp32") -> tuple[float, float, float]:
-    """The planner's params/grads/optimizer bytes for the rank at `coords` (its pipeline stage).
-
-    With interleaved stages a rank holds v chunks; the planner counts ceil(L/pp) layers per rank
-    plus the embedding on rank 0 and the head on the last rank, which is what the chunks add up
-    to when pp*v divides the layers."""
-    shape = resolve_model(ModelSpec.model_validate(TINY_MODEL))
-    stages = stage_params(shape, case_layout)
-    last = coords.get("pp", 0) == case_layout.pp - 1
-    psi = stages.last if last else stages.first
-    st = model_state_bytes(psi, stages.largest_unit, case_layout, precision, "adamw")
-    return st.params, st.grads, st.optimizer
-
-
-def check_run(case: Case, case_layout: Any, expected_losses: list[float]) -> dict[str, Any]:
-    data = report(case)
-    assert data["status"] == "succeeded", data.get("error")
-    assert [r["rank"] for r in data["ranks"]] == list(range(case.world))
-    assert data["losses"] == pytest.approx(expected_losses, abs=LOSS_TOL)
-    for r in data["ranks"]:
-        params, grads, opt = predicted_states(case_layout, r["coords"])
-        mem = r["memory"]
-        assert mem["params"] == pytest.approx(params, rel=0.01), (r["rank"], "params")
-        assert mem["grads"] == pytest.approx(grads, rel=0.01), (r["rank"], "grads")
-        assert mem["optimizer"] == pytest.approx(opt, rel=0.01), (r["rank"], "optimizer")
-        assert r["step_s"] > 0 and r["tokens_per_s"] > 0
-    return data
 
 
 @pytest.fixture(scope="module")

@@ -21,9 +21,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from service.planner.memory import layer_activation_bytes
 from service.planner.models import ModelShape, resolve_model
 from service.spec import ModelSpec
-from tests.runtime.harness import TINY_MODEL, layout, make_case, torchrun
+from tests.runtime.harness import TINY_MODEL, check_run, layout, make_case, torchrun
 from tests.runtime.reference import reference_losses
-from tests.runtime.test_layouts import check_run
 from workers.runtime.model import Decoder
 from workers.runtime.parallelize import apply_checkpointing, cross_entropy
 

@@ -27,9 +27,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.runtime.harness import layout, make_case, report, torchrun
+from tests.runtime.harness import layout, make_case, predicted_states, report, torchrun
 from tests.runtime.reference import reference_losses
-from tests.runtime.test_layouts import predicted_states
 
 STEPS = 6
 TOL = {"bf16": 5e-3, "fp16": 1e-3}

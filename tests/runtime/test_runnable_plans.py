@@ -1,5 +1,5 @@
-"""Every layout `plan()` can return is one the runtime accepts (issue 16: pinning tp=2 on a small
-model gave `sharding: ddp` with tp=2, which the runtime refused after launch).
+"""Every layout `plan()` can return is one the runtime accepts (pinning tp=2 on a small model once
+gave `sharding: ddp` with tp=2, which the runtime refused after launch).
 
 The runtime's own validation (`workers.runtime.parallelize.check_supported`, which applies
 `service.planner.runnable`) is run against `plan()` over many random small specs and pins; a

@@ -6,13 +6,13 @@ import random
 
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from service.scheduling.decisions import Decision, ReasonCode
 from service.scheduling.engine import UnknownJob, admit, eta, explain, kind_cost
-from service.scheduling.model import FlavorQuota, Pool, PreemptionPolicy, TeamQuota
-from service.scheduling.state import RunningJob, Snapshot, WaitingJob
+from service.scheduling.model import FlavorQuota, PreemptionPolicy, TeamQuota
+from service.scheduling.state import Snapshot
 from tests.scheduling.builders import GPU, NOW, pool, quota, run, snap, wait
+from tests.support.snapshot_strategies import snapshots
 
 
 def admitted_ids(d: Decision) -> list[int]:
@@ -346,40 +346,6 @@ def test_past_usage_of_costlier_gpus_weighs_more_in_the_order() -> None:
 
 
 # -- invariants ------------------------------------------------------------------------------------------
-
-@st.composite
-def snapshots(draw: st.DrawFn) -> Snapshot:
-    kinds = ["H100-SXM-80GB", "L40S-48GB"]
-    policies = list(PreemptionPolicy)
-    pools = [Pool.model_validate({"name": f"p{i}", "backend": "slurm", "gpu": kinds[i % 2],
-                                  "gpus": draw(st.integers(1, 12)), "preemption": draw(st.sampled_from(policies))})
-             for i in range(draw(st.integers(1, 3)))]
-    teams = ["a", "b", "c", "d"][:draw(st.integers(1, 4))]
-    quotas = {t: TeamQuota(weight=draw(st.sampled_from([0.0, 1.0, 2.0])), group=draw(st.sampled_from([None, "x"])),
-                           flavors={k: FlavorQuota(nominal=draw(st.integers(0, 8)),
-                                                   borrowing_limit=draw(st.one_of(st.none(), st.integers(0, 6))),
-                                                   lending_limit=draw(st.one_of(st.none(), st.integers(0, 6))))
-                                    for k in kinds if draw(st.booleans())})
-              for t in teams}
-    running: list[RunningJob] = []
-    jid = 100
-    for p in pools:
-        left = p.gpus
-        while left > 0 and draw(st.booleans()):
-            g = draw(st.integers(1, left))
-            left -= g
-            jid += 1
-            started = NOW - draw(st.integers(0, 3000))
-            running.append(RunningJob(id=jid, team=draw(st.sampled_from(teams)), pool=p.name, gpu=p.gpu, gpus=g,
-                                      priority=draw(st.integers(0, 2)), admitted_at=started, started_at=started,
-                                      checkpoint_at=started + draw(st.integers(0, 100)),
-                                      preemptible=draw(st.booleans())))
-    waiting = [WaitingJob(id=i, team=draw(st.sampled_from(teams)), backend="slurm", gpu=draw(st.sampled_from(kinds)),
-                          gpus=draw(st.integers(1, 8)), priority=draw(st.integers(0, 2)),
-                          submitted_at=NOW - draw(st.integers(0, 2000)))
-               for i in range(1, draw(st.integers(0, 12)) + 1)]
-    return Snapshot(now=NOW, pools=pools, quotas=quotas, running=running, waiting=waiting)
-
 
 @settings(max_examples=150, deadline=None)
 @given(snapshots())

@@ -10,7 +10,7 @@
 Over random snapshots (the engine tests' strategy, a richer one here with pins, backoffs, jobs
 being released, groups and both backends) and the benchmark's generator at a few seeds and sizes,
 with the settle check run after every placement as well as at its normal interval. No timings
-here: `benchmarks/admission.py` prints those.
+here: `benchmarks/admission.py` prints those (on the same generator, `tests.support.snapshots`).
 """
 
 from __future__ import annotations
@@ -19,61 +19,11 @@ from collections.abc import Iterator
 
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from benchmarks.admission import make_snapshot
 from service.scheduling import engine
-from service.scheduling.model import FlavorQuota, Pool, PreemptionPolicy, TeamQuota
-from service.scheduling.state import RunningJob, Snapshot, WaitingJob
-from tests.scheduling.builders import NOW
-from tests.scheduling.test_engine import snapshots
-
-KINDS = ["H100-SXM-80GB", "L40S-48GB"]
-
-
-@st.composite
-def busy_snapshots(draw: st.DrawFn) -> Snapshot:
-    """Up to 5 pools on two backends, 6 teams in up to two groups, up to 70 waiting jobs (some
-    pinned, some in backoff, some new), running jobs of which some are being released."""
-    policies = list(PreemptionPolicy)
-    pools = [Pool.model_validate({"name": f"p{i}", "backend": ("slurm", "kubernetes")[draw(st.integers(0, 1))],
-                                  "gpu": KINDS[i % 2], "gpus": draw(st.integers(1, 16)),
-                                  "preemption": draw(st.sampled_from(policies))})
-             for i in range(draw(st.integers(1, 5)))]
-    teams = [f"t{i}" for i in range(draw(st.integers(1, 6)))]
-    quotas = {t: TeamQuota(weight=draw(st.sampled_from([0.0, 0.5, 1.0, 2.0])),
-                           group=draw(st.sampled_from([None, "x", "y"])),
-                           flavors={k: FlavorQuota(nominal=draw(st.integers(0, 10)),
-                                                   borrowing_limit=draw(st.one_of(st.none(), st.integers(0, 8))),
-                                                   lending_limit=draw(st.one_of(st.none(), st.integers(0, 8))))
-                                    for k in KINDS if draw(st.booleans())})
-              for t in teams if draw(st.integers(0, 5))}
-    running: list[RunningJob] = []
-    jid = 1000
-    for p in pools:
-        left = p.gpus
-        while left > 0 and draw(st.integers(0, 5)):
-            g = draw(st.integers(1, min(left, 4)))
-            left -= g
-            jid += 1
-            started = NOW - draw(st.integers(0, 4000))
-            running.append(RunningJob(
-                id=jid, team=draw(st.sampled_from(teams)), pool=p.name, gpu=p.gpu, gpus=g,
-                priority=draw(st.integers(0, 2)), admitted_at=started, started_at=started,
-                checkpoint_at=started + draw(st.integers(0, 100)), preemptible=draw(st.integers(0, 6)) > 0))
-    waiting = []
-    for i in range(1, draw(st.integers(0, 70)) + 1):
-        kind = draw(st.sampled_from(KINDS))
-        same_kind = [p for p in pools if p.gpu == kind]
-        backend = draw(st.sampled_from([p.backend.value for p in same_kind])) if same_kind else "slurm"
-        pin = draw(st.sampled_from([None, None, None, *[p.name for p in same_kind]]))
-        waiting.append(WaitingJob(
-            id=i, team=draw(st.sampled_from(teams)), backend=backend, gpu=kind, gpus=draw(st.integers(1, 8)),
-            priority=draw(st.integers(0, 2)), submitted_at=NOW - draw(st.sampled_from([10, 500, 1000, 5000])),
-            pool=pin, not_before=draw(st.sampled_from([None, None, None, NOW + 60, NOW - 60]))))
-    usage = {t: {k: float(draw(st.integers(0, 1000))) for k in KINDS} for t in teams if draw(st.booleans())}
-    return Snapshot(now=NOW, pools=pools, quotas=quotas, running=running, waiting=waiting, usage=usage,
-                    reserve_after_s=draw(st.sampled_from([0.0, 900.0, 1e9])))
+from service.scheduling.state import Snapshot
+from tests.support.snapshot_strategies import busy_snapshots, snapshots
+from tests.support.snapshots import make_snapshot
 
 
 @pytest.fixture(params=[1, engine.SETTLE_CHECK_EVERY], ids=["check-every-placement", "check-default"])

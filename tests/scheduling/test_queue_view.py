@@ -13,11 +13,11 @@ import itertools
 import pytest
 from hypothesis import given, settings
 
-from benchmarks.admission import make_snapshot
 from service.scheduling import engine
 from service.scheduling.queue_view import QueueEntry, from_view, queue_view
 from service.scheduling.state import Snapshot
-from tests.scheduling.test_fast_paths import busy_snapshots
+from tests.support.snapshot_strategies import busy_snapshots
+from tests.support.snapshots import make_snapshot
 
 
 def _assert_view_matches_explain(s: Snapshot, sample: int | None = None) -> list[QueueEntry]:

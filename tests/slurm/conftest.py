@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -97,61 +97,6 @@ def sacct_count_by_name(name: str, workdir: Path | None = None) -> int:
                           "-o", "JobIDRaw,WorkDir"], capture_output=True, text=True, check=True).stdout
     rows = [line.split("|") for line in out.splitlines() if line]
     return len([r for r in rows if workdir is None or r[1] == str(workdir)])
-
-
-@pytest.fixture(scope="session")
-def time_limit_job(backend: SlurmBackend) -> Iterator[Handle]:
-    """A job with a 1-minute limit that sleeps for 5, submitted once per session as early as possible
-    (Slurm enforces limits about every 30 s, so it ends 60-90 s later); its test runs last. It runs in
-    the `urgent` partition, so the preemption tests cannot requeue it (which would restart its clock)."""
-    handle = backend.submit(launch_request(py("import time; print('sleeping', flush=True); time.sleep(300)"),
-                                    nodes=1, time_limit="00:01:00", partition=URGENT))
-    yield handle
-    backend.cancel(handle)
-
-
-@pytest.fixture(scope="session")
-def api_time_limit_job(backend: SlurmBackend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """The same limit through the whole product: a job with `time_limit: 00:01:00` submitted through the
-    API (its own SQLite database) and handed to Slurm by the dispatcher, early in the session."""
-    from fastapi.testclient import TestClient
-
-    from service.api.app import create_app
-    from service.settings import Settings
-    from service.store import migrate
-    from service.store.db import make_engine, make_sessionmaker
-    from service.store.tokens import create_token
-    from service.store.vocab import Role
-    from tests.specs import tiny
-    from workers.dispatcher import Dispatcher, DispatcherConfig
-
-    folder = tmp_path_factory.mktemp("api-time-limit")
-    url = f"sqlite:///{folder / 'shardctl.db'}"
-    migrate.upgrade(url)
-    engine = make_engine(url)
-    sessions = make_sessionmaker(engine)
-    with sessions.begin() as session:
-        _, token = create_token(session, role=Role.ADMIN)
-    headers = {"Authorization": f"Bearer {token}"}
-    spec = tiny(resources={"gpus_per_node": 1}, backend={"kind": "slurm", "partition": URGENT,
-                                                         "time_limit": "00:01:00"},
-                entrypoint={"command": ["python", "-c", "import time; print('sleeping', flush=True); "
-                                                         "time.sleep(300)"]})
-    with TestClient(create_app(Settings(database_url=url, data_dir=folder), engine=engine)) as client:
-        job_id = client.post("/v1/jobs", json=spec, headers=headers).json()["id"]
-        dispatcher = Dispatcher(sessions, {"slurm": backend}, DispatcherConfig())
-        dispatcher.run_once()
-        yield {"client": client, "headers": headers, "job_id": job_id, "dispatcher": dispatcher}
-        client.post(f"/v1/jobs/{job_id}/cancel", headers=headers)
-        dispatcher.run_once()
-    engine.dispose()
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _start_time_limit_job_early(request: pytest.FixtureRequest) -> None:
-    if os.environ.get(SLURM_ENV) and any("test_zz_time_limit" in item.nodeid for item in request.session.items):
-        request.getfixturevalue("time_limit_job")
-        request.getfixturevalue("api_time_limit_job")
 
 
 __all__ = ["TERMINAL", "URGENT", "launch_request", "py", "sacct_count_by_name", "sacct_states", "tiny_plan",

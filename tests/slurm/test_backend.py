@@ -1,5 +1,5 @@
 """SlurmBackend against the real local cluster (two slurmd nodes): render, submit, poll, find, cancel,
-failures, preemption requeues, batching. The time-limit test is in test_zz_time_limit.py (runs last)."""
+failures, preemption requeues, batching. The time-limit tests are in test_time_limit.py."""
 
 from __future__ import annotations
 
@@ -89,8 +89,8 @@ def test_render_matches_the_golden_file_and_submits_nothing() -> None:
 @pytest.mark.parametrize(("limit", "signal"), [("00:01:00", "USR2@30"), ("00:02:00", "USR2@60"),
                                                ("1-02:00:30", "USR2@60")])
 def test_the_time_limit_signal_comes_at_most_halfway_through_the_limit(limit: str, signal: str) -> None:
-    """Due at the start (a 1-minute limit with the 60 s default), it would reach the launcher before its
-    handler and kill the job."""
+    """Asked for at most halfway; Slurm may send it up to 60 s earlier still, as early as the job starts,
+    which the launcher survives (test_time_limit.py)."""
     req = golden_request()
     req = req.model_copy(update={"options": req.options.model_copy(update={"time_limit": limit})})
     script = golden_backend().render(req).content["sbatch_script"]

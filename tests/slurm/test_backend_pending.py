@@ -19,7 +19,7 @@ from service.cli.scheduling_cmds import explanation_lines
 from service.store.backend_pending import change_key
 from tests.db_fixtures import Env
 from tests.slurm.conftest import slurm_partition
-from tests.slurm.test_dispatch_slurm import drive, events, slurm_job
+from tests.support.slurm_dispatch import drive, events, slurm_job
 from workers.backends.slurm import SlurmBackend
 from workers.backends.slurm.accounting import start_time
 from workers.dispatcher import Dispatcher, DispatcherConfig

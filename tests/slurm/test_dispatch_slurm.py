@@ -11,56 +11,18 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import select
 
-from service.store.db import make_engine, make_sessionmaker
 from service.store.models import Job
 from tests.db_fixtures import Env
 from tests.slurm.conftest import sacct_count_by_name, sacct_states
-from tests.specs import tiny
-from workers.backends.slurm import SlurmBackend
-from workers.dispatcher import FAILPOINT_ENV, Dispatcher, DispatcherConfig
+from tests.support.slurm_dispatch import drive, events, make_dispatcher, slurm_job
+from workers.dispatcher import FAILPOINT_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
-TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 sqlite_only = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-
-
-def slurm_job(partition: str, command: list[str] | None = None, **extra: Any) -> dict[str, Any]:
-    """A 2-node CPU job (1 process per node) on the Slurm backend; the runtime when `command` is None."""
-    sections: dict[str, Any] = {"resources": {"nodes": 2, "gpus_per_node": 1},
-                                "backend": {"kind": "slurm", "partition": partition}}
-    if command is not None:
-        sections["entrypoint"] = {"command": command}
-    return tiny(**sections, **extra)
-
-
-def make_dispatcher(env: Env, folder: Path, partition: str, api_url: str | None = None,
-                    **config: Any) -> Dispatcher:
-    sessions = make_sessionmaker(make_engine(env.url))
-    return Dispatcher(sessions, {"slurm": SlurmBackend(folder=folder, partition=partition)},
-                      DispatcherConfig(api_url=api_url, retry_backoff_s=0.1, **config))
-
-
-def drive(env: Env, dispatcher: Dispatcher, job_id: int, admin: dict[str, str], until: set[str] = TERMINAL,
-          timeout: float = 180) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        dispatcher.run_once()
-        job: dict[str, Any] = env.client.get(f"/v1/jobs/{job_id}", headers=admin).json()
-        if job["status"] in until:
-            return job
-        if time.monotonic() > deadline:
-            raise AssertionError(f"job {job_id} stuck in {job['status']}: {events(env, job_id, admin)}")
-        time.sleep(0.3)
-
-
-def events(env: Env, job_id: int, admin: dict[str, str]) -> list[dict[str, Any]]:
-    result: list[dict[str, Any]] = env.client.get(f"/v1/jobs/{job_id}/events", headers=admin).json()
-    return result
 
 
 def test_a_two_node_runtime_job_succeeds_with_both_nodes_in_its_attempt(

@@ -1,6 +1,6 @@
 """Failure classes from real runs on the local Slurm cluster, through the API and the dispatcher: the
 program's own exit code and lines (not torchrun's), and a host out-of-memory. The time limit is
-`test_zz_time_limit.py` (it must run last)."""
+`test_time_limit.py`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from tests.db_fixtures import Env
 from tests.slurm.conftest import sacct_states
-from tests.slurm.test_dispatch_slurm import drive, make_dispatcher, slurm_job
+from tests.support.slurm_dispatch import drive, make_dispatcher, slurm_job
 
 sqlite_only = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 

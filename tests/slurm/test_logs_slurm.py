@@ -1,4 +1,4 @@
-"""Logs and artifacts on the real local Slurm cluster (issue 13): a two-node job whose ranks print, read
+"""Logs and artifacts on the real local Slurm cluster: a two-node job whose ranks print, read
 from submitit's per-node files while it runs and after, resumed from a cursor, one rank only, with
 stdout and stderr apart; its output folder listed and read. Skips without SHARDCTL_TEST_SLURM."""
 

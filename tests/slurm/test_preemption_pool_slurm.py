@@ -1,4 +1,4 @@
-"""Reclaim on a declared Slurm pool (issue 12): shardctl's own preemption gives the admission back.
+"""Reclaim on a declared Slurm pool: shardctl's own preemption gives the admission back.
 
 A borrower's job runs in a Slurm pool; the pool's owner submits; admission chooses the borrower as the
 victim and the dispatcher preempts it (`scancel`: SIGTERM, the runtime checkpoints into the job's
@@ -23,10 +23,10 @@ from service.store.models import Attempt, Job, utcnow
 from service.store.states import transition
 from service.store.vocab import AttemptStatus, FailureClass, JobStatus, MeasurementKind
 from tests.db_fixtures import Env
-from tests.dispatch.test_preemption import beats, measurements
 from tests.runtime.harness import spec_dict
 from tests.slurm.conftest import sacct_count_by_name, sacct_states
 from tests.specs import tiny
+from tests.support.runtime_jobs import beats, measurements
 from workers.backends.base import RunState
 from workers.backends.slurm import SlurmBackend, SlurmObservation
 from workers.backends.slurm.accounting import lags, merge

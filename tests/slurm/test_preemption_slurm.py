@@ -15,9 +15,9 @@ import pytest
 
 from service.store.vocab import MeasurementKind
 from tests.db_fixtures import Env
-from tests.dispatch.test_preemption import beats, job, measurements
 from tests.runtime.harness import spec_dict
 from tests.slurm.conftest import URGENT, sacct_states
+from tests.support.runtime_jobs import beats, job, measurements
 from workers.backends.slurm import SlurmBackend
 from workers.dispatcher import Dispatcher, DispatcherConfig
 

@@ -139,7 +139,7 @@ def test_admins_change_priority_and_members_are_refused(quiet_dashboard: Dashboa
 
 def test_the_profile_verdict_evidence_and_advice_are_shown(quiet_dashboard: Dashboard, page: Any) -> None:
     from service.profiles import analyze_traces
-    from tests.api.test_profiles_api import GLOO
+    from tests.support.traces import GLOO
 
     member = quiet_dashboard.token("member", team="vision")
     with quiet_dashboard.api(member) as api:

@@ -16,7 +16,6 @@ Output comes back raw; `accounting` parses it.
 from __future__ import annotations
 
 import re
-import shlex
 import subprocess
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -26,7 +25,7 @@ from submitit.core.utils import FailedJobError, FailedSubmissionError
 
 from workers.backends.base import BackendUnavailable, SubmissionRefused, TransientBackendError
 from workers.backends.slurm.launcher import NodeLauncher
-from workers.backends.slurm.submission import SlurmSubmission
+from workers.backends.slurm.submission import SlurmSubmission, launcher_python
 
 #: `subprocess.run`'s signature: what runs every query (tests and benchmarks pass their own to count or fake)
 Runner = Callable[..., subprocess.CompletedProcess[str]]
@@ -85,7 +84,7 @@ class SlurmClient:
         self.calls["sbatch"] += 1
         try:
             executor = submitit.SlurmExecutor(folder=submission.folder, max_num_timeout=0,
-                                              python=shlex.quote(submission.python))
+                                              python=launcher_python(submission.python))
         except RuntimeError as exc:  # submitit found no `srun`: this machine is no Slurm client
             raise BackendUnavailable(f"sbatch: {exc}") from exc
         executor.update_parameters(**submission.parameters)

@@ -30,7 +30,7 @@ from service.backend_options import SlurmOptions, sbatch_flag, time_limit_minute
 from service.jobenv import CHECKPOINT_DIR
 from service.redaction import is_secret_env
 from workers.backends.base import LOG_ENV, LaunchRequest, SubmissionRefused, torchrun_command
-from workers.backends.slurm.launcher import FIRST_HOST, NodeLaunch
+from workers.backends.slurm.launcher import FIRST_HOST, NodeLaunch, preemption_signal
 
 
 @dataclass(frozen=True)
@@ -86,8 +86,8 @@ def parameters(req: LaunchRequest, opts: SlurmOptions, folder: Path, defaults: S
         "ntasks_per_node": 1,
         "cpus_per_task": max(1, req.procs_per_node * defaults.cpus_per_proc),
         "time": minutes,
-        # At most half the limit: a signal due as early as the job starts reaches the launcher before it
-        # has installed its handler, and its default action kills the job (exit 12, not TIMEOUT).
+        # At most half the limit. Slurm may still send it up to 60 s earlier than asked (sbatch(1)), so
+        # for a short limit as early as the job starts: `launcher_python` makes that harmless.
         "signal_delay_s": min(defaults.signal_delay_s, minutes * 30),
     }
     if req.gpus_per_proc > 0:
@@ -112,10 +112,25 @@ def parameters(req: LaunchRequest, opts: SlurmOptions, folder: Path, defaults: S
     return params
 
 
+def launcher_python(python: str) -> str:
+    """How the sbatch script starts the interpreter on each node (submitit's `python`, a shell word list):
+    through `/bin/sh`, which ignores the preemption signal (`USR2`) and execs `python`, so the launcher
+    starts with that signal ignored and keeps it ignored until submitit, then the launcher, install
+    their handlers.
+
+    Slurm sends `--signal` up to 60 s earlier than asked (sbatch(1)): with a limit of a minute or two,
+    as early as the job starts, while the interpreter is still importing (seconds on a loaded node, or
+    on a fresh install compiling its modules). Left at its default action the signal killed the launcher:
+    the job ended FAILED with exit code 12 (`program_error`) long before its limit instead of TIMEOUT,
+    depending on how fast the node started Python. An ignored signal stays ignored across exec."""
+    signame = preemption_signal().name.removeprefix("SIG")
+    return f"/bin/sh -c 'trap \"\" {signame}; exec \"$0\" \"$@\"' {shlex.quote(python)}"
+
+
 def submit_command(python: str, folder: Path) -> str:
     """The command the sbatch script runs on every node (submitit's `SlurmExecutor` builds the same one
-    from its `python` and `folder`): submitit loads the pickled launcher and calls it."""
-    return f"{shlex.quote(python)} -u -m submitit.core._submit {shlex.quote(str(folder))}"
+    from `launcher_python(python)` and `folder`): submitit loads the pickled launcher and calls it."""
+    return f"{launcher_python(python)} -u -m submitit.core._submit {shlex.quote(str(folder))}"
 
 
 def sbatch_script(python: str, folder: Path, params: dict[str, Any]) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[1]
 MB = 64
 
 # Prints what the benchmark's children print: RSS after the "imports" (here: a 64 MB buffer made
