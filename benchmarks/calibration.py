@@ -1,4 +1,4 @@
-"""What calibration costs a store with many finished jobs (issue 16).
+"""What calibration from measurements costs a store with many finished jobs.
 
 It migrates a fresh database (a temporary SQLite file, or a new database on the server of
 `--postgres-url`, dropped at the end), bulk-inserts `--jobs` succeeded jobs, each with one `report`

@@ -1,4 +1,4 @@
-"""Server CPU per job heartbeat, in PostgreSQL, next to the framework's own `/healthz` (issue 17).
+"""Server CPU per job heartbeat, in PostgreSQL, next to the framework's own `/healthz`.
 
 It creates its own database `shardctl_bench_heartbeats_<random>` on the server of `--postgres-url`
 (`scratch_db`: migrated, dropped at the end, also on errors), inserts `--jobs` RUNNING jobs and mints
@@ -57,7 +57,7 @@ from service.store.vocab import Role
 TINY: dict[str, Any] = {"name": "bench", "model": {"preset": "llama-tiny"},
                         "training": {"global_batch": 2, "precision": "fp32", "steps": 100},
                         "resources": {"gpu": "cpu", "gpus_per_node": 1, "nodes": 1}}
-GOAL_RATE = 1000 / 10  # heartbeats a second: 1,000 running jobs, one every 10 s each (issue 17)
+GOAL_RATE = 1000 / 10  # heartbeats a second: 1,000 running jobs, one every 10 s each
 GOAL_SHARE = 0.10  # of one core, at that rate
 GOAL_MS = GOAL_SHARE * 1000 / GOAL_RATE  # server CPU per heartbeat: 1 ms
 

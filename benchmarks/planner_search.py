@@ -1,7 +1,7 @@
 """How long a full layout search takes, next to its goal and next to a reference measured in the same run.
 
 For each case it prints the least CPU time of `plan(spec)` over several runs (the steadiest figure
-on a shared machine), the median wall time, the goal (issue 17: a 1T-parameter GPT on 3,072 A100s
+on a shared machine), the median wall time, the goal (a 1T-parameter GPT on 3,072 A100s
 under 100 ms, Llama-3.1-70B on 64 H100s under 20 ms) and the ratio goal / least CPU time (above 1
 meets the goal), the number of layouts evaluated and the chosen layout.
 

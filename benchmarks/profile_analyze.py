@@ -19,13 +19,13 @@ on write included (the interpreter writes to every object it counts references t
 ratios print: the child's alone (a part of HTA's peak) and the whole tree's (what the machine provides;
 about a lower bound for HTA, since sampling can miss a short peak and pages the workers share only with
 each other count in neither). The memory goal is judged on the whole trees, shardctl's figure being the
-higher of its two runs (`docs/profiles.md` says why). HTA starts a worker per rank up to the CPU
+higher of its two runs (`docs/benchmarks.md` says why). HTA starts a worker per rank up to the CPU
 count, so its whole tree grows with the cores. Both import their code from bytecode: HTA's is compiled
 by pip at install, and shardctl's `service` package is compiled here first (`compileall`, into its
 `__pycache__` folders). Compiling source at import leaves the heap a few hundred KB of freed memory that
 the analysis then reuses without growing RSS, which made the small sets read up to 0.8 MB lighter than
 an installed shardctl would run (found 2026-12-06: `synthetic_gpu_epoch` +1.5 MB with source, +2.2 MB
-with bytecode). Each figure is printed next to the goal of issue 17 (5x faster than HTA, a fifth of its
+with bytecode). Each figure is printed next to its goal (5x faster than HTA, a fifth of its
 memory) with the 1-minute load average, since this machine is shared. shardctl also reports its
 tracemalloc peak (Python allocations only) in a second child, since tracemalloc slows allocation-heavy
 code. HTA (HolisticTraceAnalysis) runs when ``--hta-python`` names an interpreter that has it (HTA is
@@ -151,7 +151,7 @@ print(json.dumps({"seconds": seconds, "cpu": cpu, "rss_before": before, "rss_pea
 """
 
 
-GOAL_SPEEDUP = 5.0  # issue 17: at least 5x faster than HTA 0.5.0 on the same traces
+GOAL_SPEEDUP = 5.0  # at least 5x faster than HTA 0.5.0 on the same traces
 GOAL_MEMORY = 5.0  # ... and at most a fifth of its peak memory
 
 

@@ -1,4 +1,4 @@
-"""One dispatcher cycle with 10,000 tracked jobs across the three backends, in PostgreSQL (issue 17).
+"""One dispatcher cycle with 10,000 tracked jobs across the three backends, in PostgreSQL.
 
 It creates its own database `shardctl_bench_reconcile_<random>` on the server of `--postgres-url`
 (`scratch_db.scratch_database`: migrated, dropped at the end, also on errors) and bulk-inserts the

@@ -1,4 +1,4 @@
-"""CPU per request through the API's ASGI app, in process: no HTTP, no server process (issue 17).
+"""CPU per request through the API's ASGI app, in process: no HTTP, no server process.
 
 `heartbeats.py` and `api_load.py` measure a real server from a second process. That is what a user
 gets, but on two shared cores their server CPU per request moves by a quarter to a half from one round

@@ -1,5 +1,5 @@
 """The memory a trace analysis charges the kernel, by shardctl and by HTA: a cross-check of
-`profile_analyze.py`'s whole-tree peak that samples nothing (issue 17).
+`profile_analyze.py`'s whole-tree peak that samples nothing.
 
 Each tool runs in `profile_analyze.py`'s child for it (the same analysis it times), which imports its
 code, then moves itself into a memory cgroup of its own (cgroup v1's memory controller, created under

@@ -1,5 +1,5 @@
 """Where trace analysis spends memory and time, stage by stage and rank by rank: the diagnosis behind
-`profile_analyze.py`'s figures (docs/profiles.md).
+`profile_analyze.py`'s figures (results in benchmarks/results/trace_stages.md).
 
 Usage::
 

@@ -1,5 +1,5 @@
 """Server time of the dashboard's Jobs page (`/ui/jobs`) with 100,000 jobs in PostgreSQL, next to its
-goal and next to the same query through the JSON API (`GET /v1/jobs`), in one run (issue 14).
+goal and next to the same query through the JSON API (`GET /v1/jobs`), in one run.
 
 It creates its own database `shardctl_bench_ui_<random>` on the server of `--postgres-url` (dropped
 at the end, also on errors), migrates it, bulk-inserts the jobs with one SQLAlchemy Core insert per

@@ -34,7 +34,7 @@ if [ "$#" -eq 0 ] && [ -n "${SHARDCTL_TEST_SLURM:-}" ]; then
   # they run beside the rest, in a session of their own, and their report follows the main one.
   # SHARDCTL_TEST_WORKERS=2 runs the rest on two pytest-xdist workers (each with its own PostgreSQL
   # database): 15.5 instead of 23.5 min here, but on two cores one test of live log following timed
-  # out in one run of four (issue 17's note), so one plain session stays the default.
+  # out in one run of four, so one plain session stays the default.
   workers=()
   if [ "${SHARDCTL_TEST_WORKERS:-1}" -gt 1 ]; then workers=(-n "$SHARDCTL_TEST_WORKERS" --dist worksteal); fi
   slurm_log=$(mktemp)

@@ -31,7 +31,7 @@ import msgspec
 
 from service.profiles.errors import TraceError
 
-CHUNK_CHARS = 1 << 15  # the lowest peak over the benchmark's four trace sets (docs/profiles.md)
+CHUNK_CHARS = 1 << 15  # the lowest peak over the benchmark's trace sets (benchmarks/results/profile_analyze.md)
 BATCH_CHARS = 1 << 14
 GZIP_INPUT_BYTES = 1 << 14
 CUT_TOKEN_CHARS = 12  # the longest JSON token a chunk's end can cut short: \ud83d\ude80
