@@ -55,6 +55,7 @@ from service.api.routers import pools as pool_routes
 from service.api.routers import scheduling as scheduling_routes
 from service.api.schemas import ErrorField
 from service.api.shortcuts import Shortcut, ShortcutRequest, ShortcutThreads
+from service.api.streams import Followers, StreamSlots
 from service.api.submission import PlanRunner
 from service.api.ui import mount_ui
 from service.api.ui.docs_assets import mount_docs
@@ -190,7 +191,7 @@ class RequestGate:
 
     A route may have a shortcut (`SHORTCUTS`): the gate answers its commonest request itself, in one
     thread hop that checks the token and does the work, without FastAPI's routing and dependency
-    solving (issue 17: every running job sends a heartbeat every few seconds; dashboards and scripts
+    solving (every running job sends a heartbeat every few seconds; dashboards and scripts
     read jobs; tooling submits them). It is tried first, with a bearer token and forwarded identity
     off, and for a route with a body only for a JSON body that declares a length of at most
     `SHORTCUT_BODY_BYTES` (so small it came with the headers; a large one still meets the token check
@@ -439,7 +440,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app = FastAPI(title="shardctl", version="0.1.0", docs_url=None, redoc_url=None,  # mount_docs: vendored assets
                   description="Plan, launch and track distributed training jobs.", lifespan=_lifespan)
     app.state.settings = settings
-    app.state.streams = jobs.StreamSlots()
+    app.state.streams = StreamSlots()
     app.state.analyses = AnalysisPool(settings.profile_workers, settings.profile_queue)
     app.state.planner = PlanRunner.from_settings(settings)
     app.state.engine = engine
@@ -451,14 +452,14 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.state.metrics = make_metrics(app.state.sessions, team_labels=settings.metrics_team_labels)
     app.state.launch_preview = launch_preview
     app.state.log_reader = log_reader
-    app.state.log_followers = logs.Followers()
+    app.state.log_followers = Followers()
     app.state.configured_backends = frozenset(configured_backends) if configured_backends is not None else None
     errors.install(app)
     for module in (health, plans, jobs, job_batches, logs, profiles, teams, tokens, events, webhooks):
         app.include_router(module.router)
-    for module in (pool_routes, scheduling_routes):  # shared GPUs (issue 12)
+    for module in (pool_routes, scheduling_routes):  # shared GPUs: pools, quotas, usage, explain
         app.include_router(module.router)
-    app.include_router(calibration_routes.router)  # calibration from measurements (issue 16)
+    app.include_router(calibration_routes.router)  # calibration from measurements
     mount_docs(app)
     mount_ui(app)  # the dashboard under /ui/ (service/api/ui, docs/dashboard.md)
     app.add_middleware(RequestGate, api=app)

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.api.errors import ApiError
 from service.api.forwarded import TEAM_HEADER, ForwardedRefused, forwarded_principal, is_shardctl_token, read_forwarded
+from service.api.ops.access import admin_only
 from service.settings import Settings
 from service.spec import field_path
 from service.store.db import one_statement
@@ -131,8 +132,7 @@ Caller = Annotated[Principal, Depends(get_principal)]
 
 
 async def require_admin(principal: Caller) -> Principal:
-    if principal.role != Role.ADMIN:
-        raise ApiError(403, "forbidden", "this needs an admin token")
+    admin_only(principal)
     return principal
 
 

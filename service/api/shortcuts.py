@@ -69,7 +69,7 @@ class ShortcutThreads:
         With a thread each (anyio's default limit is 40), 16 clients' requests took turns on each
         process's GIL: with three at once, the 2-core machine served 7 to 25 % more requests a second
         and the loaded p99 of reads fell by a quarter to a half (`benchmarks/api_load.py`,
-        docs/benchmarks.md)."""
+        benchmarks/results/api_load.md)."""
         return await anyio.to_thread.run_sync(work, *args, limiter=self._limiters()[0])
 
     async def run_submission(self, work: Callable[[*Args], T], *args: *Args) -> T:

@@ -24,10 +24,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.api.deps import Caller, Db, bearer
 from service.api.errors import ApiError
 from service.api.notify_schemas import EventPage, FeedEventOut
-from service.api.routers.jobs import EVENT_ID, EVENT_STREAM, HEARTBEAT_S, EventStreamResponse
 from service.api.schemas import ErrorResponse
 from service.api.sse import KEEP_ALIVE, sse_message
 from service.api.stream_auth import StreamAuth, as_stream_auth, for_stream
+from service.api.streams import EVENT_ID, EVENT_STREAM, HEARTBEAT_S, EventStreamResponse
 from service.names import Label
 from service.store.event_feed import MAX_FEED_PAGE, FeedEvent, FeedFilter, list_feed
 from service.store.tokens import Principal

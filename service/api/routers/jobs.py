@@ -2,24 +2,20 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from contextlib import suppress
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 import anyio
 import anyio.to_thread
 from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.datastructures import QueryParams
-from starlette.types import Receive, Scope, Send
 
 from service.api.deps import (
     Caller,
@@ -36,6 +32,7 @@ from service.api.schemas import ErrorField, ErrorResponse, EventOut, JobOut, Job
 from service.api.shortcuts import ShortcutRequest, ShortcutTaken, ShortcutThreads
 from service.api.sse import KEEP_ALIVE, sse_message
 from service.api.stream_auth import StreamAuth, as_stream_auth, for_stream
+from service.api.streams import EVENT_ID, EVENT_STREAM, HEARTBEAT_S, EventStreamResponse
 from service.api.submission import MAX_KEY, submit_job
 from service.api.views import detail_out, encoded, event_out, job_out, job_page
 from service.backend_options import BackendKind
@@ -70,11 +67,6 @@ DEFAULT_LIMIT = 50
 DEFAULT_SORT_TEXT: SortText = "-submitted"
 MAX_NAME = 200
 CURSOR = re.compile(r"[A-Za-z0-9_-]{1,600}")
-
-EVENT_STREAM = "text/event-stream"
-#: An event id as the stream sends it: digits, and small enough for a BIGINT comparison.
-EVENT_ID = re.compile(r"[0-9]{1,18}")
-HEARTBEAT_S = 15.0
 
 
 def rendered(model: BaseModel, status_code: int = 200) -> JSONResponse:
@@ -129,7 +121,7 @@ def submission_answer(api: FastAPI, principal: Principal, spec: TrainingSpec, id
 async def create_job_shortcut(api: FastAPI, request: ShortcutRequest) -> ShortcutTaken | None:
     """`create_job` as the request gate's shortcut (`service.api.app.SHORTCUTS`): the token check and
     the submission in one thread hop, where the route takes two (the gate's token check, then the
-    route), without FastAPI's routing and dependency solving (issue 17: submissions per second).
+    route), without FastAPI's routing and dependency solving, for submissions per second.
 
     It submits only a body `TrainingSpec` takes and a team member's or admin's token, and answers only
     what `submission_answer` returns (201, or 200 for a replay). It declines anything else, and a
@@ -393,74 +385,6 @@ def cancel(job_id: JobId, principal: Person, db: Db) -> Response:
         return rendered(job_out(session, job))
 
 
-class StreamSlots:
-    """The live event streams of this process, in all and per token, so that streams cannot take
-    every connection and database poll the other endpoints need."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._open: Counter[str] = Counter()
-
-    @property
-    def total(self) -> int:
-        with self._lock:
-            return sum(self._open.values())
-
-    def acquire(self, token_id: str, *, total: int, per_token: int) -> Callable[[], None]:
-        """Take a slot for `token_id`; returns the (idempotent) release. `ApiError` 429 when full."""
-        with self._lock:
-            if self._open[token_id] >= per_token:
-                raise _too_many(f"this token has {self._open[token_id]} live event streams open (at most"
-                                f" {per_token})")
-            if sum(self._open.values()) >= total:
-                raise _too_many(f"this server has its {total} live event streams open (at most {total})")
-            self._open[token_id] += 1
-        released = False
-
-        def release() -> None:
-            nonlocal released
-            with self._lock:
-                if not released:
-                    released = True
-                    self._open[token_id] -= 1
-                    if self._open[token_id] <= 0:
-                        del self._open[token_id]
-
-        return release
-
-
-def _too_many(why: str) -> ApiError:
-    return ApiError(429, "too_many_requests", f"{why}; close one, or read GET .../events?after=<id> without"
-                    " streaming", headers={"Retry-After": "5"})
-
-
-class EventStreamResponse(StreamingResponse):
-    """Server-sent events that stop when the client goes away (whatever the ASGI version), and give
-    their stream slot back however they end."""
-
-    def __init__(self, content: AsyncIterator[str], release: Callable[[], None]) -> None:
-        super().__init__(content, media_type=EVENT_STREAM,
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self.release = release
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            async with anyio.create_task_group() as group:
-
-                async def stream() -> None:
-                    with suppress(OSError):  # the client went away mid-write
-                        await self.stream_response(send)
-                    group.cancel_scope.cancel()
-
-                group.start_soon(stream)
-                await self.listen_for_disconnect(receive)
-                group.cancel_scope.cancel()
-        finally:
-            self.release()
-
-
-
-
 def _poll(db: sessionmaker[Session], auth: StreamAuth, job_id: int, after: int) -> tuple[list[EventOut], bool] | str:
     """One poll, in one transaction: the caller again (a revoked or expired token ends the stream), the
     job (still visible to it), the events after `after`. A string names why the stream must end."""
@@ -560,7 +484,7 @@ def heartbeat_answer(conn: Connection, principal: Principal, job_id: int, data: 
 
 async def heartbeat_shortcut(api: FastAPI, request: ShortcutRequest) -> ShortcutTaken | None:
     """`report` for a heartbeat, as the request gate's shortcut (`service.api.app.SHORTCUTS`): every
-    running job sends one every few seconds (issue 17). One thread hop and one connection check the
+    running job sends one every few seconds. One thread hop and one connection check the
     token and store the heartbeat, where the route takes two of each (the gate's token check, then the
     route), and FastAPI's routing, dependency solving and second parse of the body are skipped.
 

@@ -29,9 +29,9 @@ import anyio.to_thread
 from fastapi import Request
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.api.routers.jobs import EVENT_ID, HEARTBEAT_S, EventStreamResponse
 from service.api.sse import KEEP_ALIVE, sse_message
 from service.api.stream_auth import StreamAuth
+from service.api.streams import EVENT_ID, HEARTBEAT_S, EventStreamResponse
 from service.api.ui.session import UiSession, stream_auth
 from service.store.tokens import Principal
 

@@ -7,11 +7,13 @@ Contract:
   newest first (20 a page, filter by role and team; revoked ones hidden unless asked). Job tokens
   are not listed (as `GET /v1/tokens`).
 - Editing a quota (`POST /ui/admin/quota`, CSRF) sets one GPU kind of a team's quota and its weight
-  and highest priority, keeping the other kinds, through `PUT /v1/teams/{team}/quota`'s function
-  (so the same checks: the kind must be some pool's). A team not yet known is created.
-- Creating a token (`POST /ui/admin/tokens`, CSRF) goes through `POST /v1/tokens`' function and
-  answers this page with the secret shown once (only its hash is stored; a reload does not show it
-  again). Revoking (`POST /ui/admin/tokens/{id}/revoke`, CSRF) refuses the last live admin token.
+  and highest priority, keeping the other kinds, through `PUT /v1/teams/{team}/quota`'s operation
+  (`service.api.ops.teams.declare_quota`: the same checks, the kind must be some pool's). A team not
+  yet known is created.
+- Creating a token (`POST /ui/admin/tokens`, CSRF) goes through `POST /v1/tokens`' operation
+  (`service.api.ops.tokens.issue_token`) and answers this page with the secret shown once (only
+  its hash is stored; a reload does not show it again). Revoking (`POST /ui/admin/tokens/{id}/revoke`,
+  CSRF, `ops.tokens.revoke`) refuses the last live admin token.
 - A refused form is this page again (422/404/409) with the API's message naming the field.
 """
 
@@ -30,8 +32,8 @@ from starlette.responses import RedirectResponse, Response
 
 from service.api.deps import Db
 from service.api.errors import ApiError
-from service.api.routers.scheduling import put_team_quota
-from service.api.routers.tokens import post_token, revoke
+from service.api.ops.teams import declare_quota
+from service.api.ops.tokens import issue_token, revoke
 from service.api.schemas import TokenCreated, TokenIn, TokenOut
 from service.api.ui.render import page
 from service.api.ui.session import Csrf, SignedAdmin, UiSession
@@ -213,7 +215,7 @@ def save_quota(request: Request, session: Csrf, admin: SignedAdmin, db: Db,
         return render(request, session, db, status_code=422, form=form,
                       refusal=Refusal("Quota not saved", "Fix the fields named below.", named))
     try:
-        put_team_quota(team.strip(), quota, session.principal, db, request)
+        declare_quota(db, session.principal, team.strip(), quota, local_gpus=request.app.state.settings.local_gpus)
     except ApiError as exc:
         return render(request, session, db, status_code=exc.status, form=form,
                       refusal=_api_refusal("Quota not saved", exc))
@@ -248,7 +250,7 @@ def create_token(request: Request, session: Csrf, admin: SignedAdmin, db: Db,
         return render(request, session, db, status_code=422, form=form,
                       refusal=Refusal("Token not created", "Fix the fields named below.", named))
     try:
-        created = post_token(body, session.principal, db)
+        created = issue_token(db, session.principal, body)
     except ApiError as exc:
         return render(request, session, db, status_code=exc.status, form=form,
                       refusal=_api_refusal("Token not created", exc))
@@ -263,7 +265,7 @@ def create_token(request: Request, session: Csrf, admin: SignedAdmin, db: Db,
 def revoke_token(request: Request, session: Csrf, admin: SignedAdmin, db: Db,
                  token_id: Annotated[str, Path(min_length=4, max_length=32)]) -> Response:
     try:
-        done = revoke(token_id, session.principal, db)
+        done = revoke(db, session.principal, token_id)
     except ApiError as exc:
         return render(request, session, db, status_code=exc.status, refusal=_api_refusal("Token not revoked", exc))
     except Conflict as exc:  # a prefix that matches several tokens

@@ -1,8 +1,9 @@
 """The Job page (`/ui/jobs/{id}`) and its actions: one job, as the API shows it to the session's token.
 
-Reads go through the API's own functions: `visible_job` + `job_out` (what `GET /v1/jobs/{id}`
-answers, the spec's secrets redacted), `list_events`, `explain_job` (why it is pending),
-`follow_logs` (per-rank logs, live). A job the session may not see is a 404 page in the API's words.
+Reads go through the functions the API's routes call: `visible_job` + `job_out` (what
+`GET /v1/jobs/{id}` answers, the spec's secrets redacted), `list_events`, `ops.explain.explain_job`
+(why it is pending), `ops.logs.follow_logs` (per-rank logs, live). A job the session may not see is
+a 404 page in the API's words.
 "Why pending" refreshes itself every `PENDING_REFRESH_S` seconds from `/ui/jobs/{id}/pending` while
 the job waits (its position and reasons change as the queue moves), and stops once it no longer waits.
 
@@ -30,11 +31,11 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from service.api.deps import Db
 from service.api.errors import ApiError
-from service.api.routers.jobs import EventStreamResponse
-from service.api.routers.logs import follow_logs
-from service.api.routers.scheduling import explain_job
+from service.api.ops.explain import explain_job
+from service.api.ops.logs import follow_logs
 from service.api.schemas import EventOut, JobOut
 from service.api.sse import sse_message
+from service.api.streams import EventStreamResponse
 from service.api.submission import submit
 from service.api.ui.charts import Series, memory_segments, series
 from service.api.ui.errors import UiError
@@ -45,6 +46,7 @@ from service.api.views import event_out, job_out
 from service.lifecycle import TERMINAL, WAITING
 from service.profiles.models import ProfileSummary
 from service.scheduling.decisions import Explanation
+from service.scheduling.snapshot import SnapshotParams
 from service.store.jobs import cancel_job, list_events, set_priority, visible_job
 from service.store.models import Measurement, utcnow
 from service.store.tokens import Conflict, Principal
@@ -146,11 +148,12 @@ def explain(request: Request, db: Db, principal: Principal, job_id: int, status:
     """Why the job waits (`GET /v1/jobs/{id}/explain`), for a job that waits; None otherwise."""
     if status not in WAITING:
         return None
+    settings = request.app.state.settings
     try:
-        answer = explain_job(job_id, principal, db, request)
+        return explain_job(db, principal, job_id, SnapshotParams.from_settings(settings),
+                           max_age_s=settings.queue_view_max_age_s)
     except ApiError:
         return None
-    return Explanation.model_validate_json(bytes(answer.body))
 
 
 def sections(session: Session, principal: Principal, job_id: int) -> dict[str, Any]:

@@ -2,8 +2,8 @@
 
 Contract:
 
-- `POST /ui/plan` (CSRF) plans the pasted spec with the API's dry run (`POST /v1/plans`:
-  `service.api.routers.plans.create_plan`): the plan, its memory and time breakdown, the
+- `POST /ui/plan` (CSRF) plans the pasted spec with the API's dry run (`POST /v1/plans`'s
+  `service.api.submission.preview`): the plan, its memory and time breakdown, the
   alternatives and why each lost, or why nothing fits. Nothing is stored.
 - A spec that is not YAML/JSON, breaks the spec's contract, or cannot be planned is refused in the
   API's words, each problem naming its field (`resources.gpus_per_node: ...`), with the text kept in

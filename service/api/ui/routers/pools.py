@@ -1,7 +1,7 @@
 """The Pools page (`/ui/pools`): capacity and use per pool, and totals per GPU kind.
 
-Thin over the API: the rows are `GET /v1/pools`' (`service.api.routers.pools.list_pools`: the
-pools in effect with what admitted jobs hold and what waits), filtered by backend and GPU kind. Pools
+Thin over the service layer: the rows are `GET /v1/pools`' (`service.api.ops.pools.list_pools`:
+the pools in effect with what admitted jobs hold and what waits), filtered by backend and GPU kind. Pools
 are a short list (declared by admins, or this machine's detected ones), read whole as the API does.
 Every signed-in person may read them, as in the API.
 """
@@ -16,7 +16,7 @@ from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
 from service.api.deps import Db
-from service.api.routers.pools import PoolOut, list_pools
+from service.api.ops.pools import PoolOut, list_pools
 from service.api.ui.render import page
 from service.api.ui.session import Signed
 from service.backend_options import BackendKind
@@ -56,7 +56,7 @@ def totals(pools: list[PoolOut]) -> list[KindTotal]:
 def pools_page(request: Request, session: Signed, db: Db,
                backend: Annotated[str, Query(max_length=16)] = "",
                gpu: Annotated[str, Query(max_length=64)] = "") -> Response:
-    everything = list_pools(session.principal, db, request)
+    everything = list_pools(db, local_gpus=request.app.state.settings.local_gpus)
     problems = []
     if backend and backend not in {b.value for b in BackendKind}:
         problems.append(f"backend: {backend!r} is not one of {', '.join(b.value for b in BackendKind)}; ignored")

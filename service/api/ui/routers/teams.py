@@ -1,10 +1,10 @@
 """The Teams page (`/ui/teams`): each team's quota against its use, per GPU kind, and its GPU hours
 over the last days as a chart.
 
-Thin over the API: a team's quota and usage come from the functions behind
-`GET /v1/teams/{team}/quota` and `/usage` (`service.api.routers.scheduling`), so the page and the
-API agree and apply the same visibility (a member sees their own team; an admin every team). The
-team list is one keyset query on the name (10 a page), filtered by a part of the name.
+Thin over the service layer: a team's quota and usage come from the operations behind
+`GET /v1/teams/{team}/quota` and `/usage` (`service.api.ops.teams`), so the page and the API agree
+and apply the same visibility (a member sees their own team; an admin every team). The team list is
+one keyset query on the name (10 a page), filtered by a part of the name.
 
 "Lent" is what the team's unused nominal quota of a kind lends to others now: the least of its
 unused nominal (within its lending limit) and what other teams borrow of that kind. Where several
@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 from starlette.responses import Response
 
 from service.api.deps import Db
-from service.api.routers.scheduling import QuotaOut, UsageOut, get_team_quota, get_team_usage
+from service.api.ops.teams import QuotaOut, UsageOut, team_quota, team_usage
 from service.api.ui.render import page
 from service.api.ui.session import Signed
 from service.scheduling.model import TeamQuota
@@ -106,10 +106,10 @@ def daily_gpu_hours(session: Session, team_id: int, today: datetime, days: int =
     return out
 
 
-def team_card(request: Request, db: Db, principal: Principal, team: Team, borrowed: dict[str, dict[str, int]],
-              now: datetime) -> TeamCard:
-    quota = get_team_quota(team.name, principal, db)
-    usage = get_team_usage(team.name, principal, db, request, since=now - timedelta(days=DAYS))
+def team_card(db: Db, principal: Principal, team: Team, borrowed: dict[str, dict[str, int]], now: datetime,
+              local_gpus: str | None) -> TeamCard:
+    quota = team_quota(db, principal, team.name)
+    usage = team_usage(db, principal, team.name, now - timedelta(days=DAYS), local_gpus=local_gpus)
     kinds = sorted(set(quota.quota.flavors) | set(usage.admitted) | set(usage.waiting) | set(usage.gpu_seconds))
     card = TeamCard(team.name, quota, usage)
     for kind in kinds:
@@ -136,6 +136,7 @@ def teams_page(request: Request, session: Signed, db: Db,
                name: Annotated[str, Query(max_length=63)] = "",
                cursor: Annotated[str, Query(max_length=63)] = "") -> Response:
     principal = session.principal
+    local_gpus = request.app.state.settings.local_gpus
     now = utcnow()
     with db.begin() as tx:
         stmt = select(Team).order_by(Team.name).limit(PAGE_SIZE + 1)
@@ -147,9 +148,9 @@ def teams_page(request: Request, session: Signed, db: Db,
         if cursor:
             stmt = stmt.where(Team.name > cursor)
         teams = list(tx.scalars(stmt))
-        borrowed = borrowed_by_kind(tx, request.app.state.settings.local_gpus, now)
+        borrowed = borrowed_by_kind(tx, local_gpus, now)
     next_cursor = teams[PAGE_SIZE - 1].name if len(teams) > PAGE_SIZE else None
-    cards = [team_card(request, db, principal, t, borrowed, now) for t in teams[:PAGE_SIZE]]
+    cards = [team_card(db, principal, t, borrowed, now, local_gpus) for t in teams[:PAGE_SIZE]]
 
     def url(**changes: str | None) -> str:
         values = {"name": name, "cursor": cursor, **changes}
