@@ -124,3 +124,22 @@ def test_a_new_attempt_stops_an_earlier_one_and_holds_the_checkpoint_folder(tmp_
         for proc in (earlier, other_job):
             proc.kill()
             proc.wait()
+
+
+def test_a_fifo_or_a_link_in_place_of_the_lock_file_neither_blocks_nor_is_followed(tmp_path: Path) -> None:
+    """The job can write its checkpoint folder: what it leaves at the lock's name is replaced, never
+    opened for good (a FIFO would block the next attempt's supervisor) or followed."""
+    import stat
+
+    checkpoints = tmp_path / "job-9"
+    checkpoints.mkdir()
+    os.mkfifo(checkpoints / local_strays.WRITER_LOCK)
+    fd = local_strays.hold_writer_lock(checkpoints, wait_s=1)
+    assert stat.S_ISREG(os.fstat(fd).st_mode)
+    os.close(fd)
+    (checkpoints / local_strays.WRITER_LOCK).unlink()
+    target = tmp_path / "server-file"
+    target.write_text("keep")
+    (checkpoints / local_strays.WRITER_LOCK).symlink_to(target)
+    os.close(local_strays.hold_writer_lock(checkpoints, wait_s=1))
+    assert target.read_text() == "keep" and not (checkpoints / local_strays.WRITER_LOCK).is_symlink()

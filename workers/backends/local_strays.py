@@ -23,6 +23,7 @@ import contextlib
 import fcntl
 import os
 import signal
+import stat
 import time
 from pathlib import Path
 
@@ -106,11 +107,27 @@ def stop_earlier(checkpoint_dir: Path, attempt: int, *, wait_s: float = STOP_WAI
     return found
 
 
+def _open_lock(path: Path) -> int:
+    """The lock file, opened without blocking or following a link; anything but a regular file there (the
+    job can write this folder) is removed and a fresh one made."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError:  # a link (ELOOP) or something that will not open: replace it
+        path.unlink(missing_ok=True)
+        return os.open(path, flags | os.O_EXCL, 0o600)
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        return fd
+    os.close(fd)
+    path.unlink()
+    return os.open(path, flags | os.O_EXCL, 0o600)
+
+
 def hold_writer_lock(checkpoint_dir: Path, *, wait_s: float = STOP_WAIT_S) -> int:
     """The checkpoint folder's writer lock, held: a file descriptor with an exclusive `flock`, to pass to
     the attempt's processes so that the lock lasts as long as any of them. `TimeoutError` when another
     process holds it for `wait_s`."""
-    fd = os.open(checkpoint_dir / WRITER_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    fd = _open_lock(checkpoint_dir / WRITER_LOCK)
     deadline = time.monotonic() + wait_s
     while True:
         try:
