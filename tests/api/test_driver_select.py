@@ -6,6 +6,7 @@ SQLAlchemy's, and a lost connection is invalidated so that the pool replaces it.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -212,31 +213,37 @@ def test_a_driver_error_comes_as_sqlalchemys_and_leaves_the_connection_usable(
         assert len(read.rows(conn, {"limit": 3})) == 3
 
 
-def test_a_lost_connection_invalidates_the_pools_older_ones_too(pg_env: Env, seeded: list[int]) -> None:
-    """As through `execute`: after the database lost every connection (a restart), the first read
-    fails with `connection_invalidated`, and the next one gets a new connection, not the pool's other
-    dead one."""
-    engine = make_engine(pg_env.url)  # a pool of its own, with two connections in it
+def test_a_connection_lost_in_use_is_invalidated_and_the_next_read_gets_a_live_one(pg_env: Env,
+                                                                                   seeded: list[int]) -> None:
+    """As through `execute`: a read on a connection the database ended while it was checked out fails
+    with `connection_invalidated`; the next read gets a live connection, not the pool's other dead one
+    (an idle connection the server ended is replaced when it is taken, `db.closed_by_server`)."""
+    engine = make_engine(pg_env.url)  # a pool of its own
     [statement] = _page_statements(store_jobs._SUMMARY_COLUMNS, Role.ADMIN, frozenset(),
                                    JobSort.parse("-submitted"), After.START)
     try:
-        first, second = engine.connect(), engine.connect()
-        pids = {c.execute(text("SELECT pg_backend_pid()")).scalar_one() for c in (first, second)}
-        first.close()
-        second.close()
-        with pg_env.app.state.engine.connect() as other:
-            for pid in pids:
-                other.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
-            other.commit()
+        with engine.connect() as spare:  # back in the pool, idle, when its server process ends
+            pids = {spare.execute(text("SELECT pg_backend_pid()")).scalar_one()}
         with one_statement(engine) as conn:
             read = DriverSelect.for_dialect(statement, conn.dialect)
             assert read is not None and driver_reads(conn)
+            pids.add(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+            with pg_env.app.state.engine.connect() as other:
+                for pid in pids:
+                    other.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+                other.commit()
+                deadline = time.monotonic() + 30
+                while other.execute(text("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(:pids)"),
+                                    {"pids": list(pids)}).scalar_one():
+                    assert time.monotonic() < deadline, "the terminated server processes did not end"
+                    time.sleep(0.05)
             with pytest.raises(DBAPIError) as lost:
                 read.rows(conn, {"limit": 3})
             assert lost.value.connection_invalidated and conn.invalidated
-        with one_statement(engine) as conn:
-            assert len(read.rows(conn, {"limit": 3})) == 3
-            assert conn.execute(text("SELECT pg_backend_pid()")).scalar_one() not in pids
+        for _ in range(2):
+            with one_statement(engine) as conn:
+                assert len(read.rows(conn, {"limit": 3})) == 3
+                assert conn.execute(text("SELECT pg_backend_pid()")).scalar_one() not in pids
     finally:
         engine.dispose()
 

@@ -16,6 +16,7 @@ from service.api.deps import Db, Person
 from service.api.errors import ApiError
 from service.api.schemas import ErrorResponse
 from service.api.submission import DEFAULT_TEAM
+from service.names import Label
 from service.planner.calibration import DEFAULT_WINDOW, MEMORY_FACTOR_RANGE, STEP_FACTOR_RANGE, Factor
 from service.settings import Settings
 from service.store import calibration as store_calibration
@@ -57,9 +58,9 @@ RULE = ("factor = exp(median(ln(measured / predicted))) over each GPU kind and f
 
 @router.get("", response_model=CalibrationOut, responses={403: {"model": ErrorResponse}})
 def get_calibration(request: Request, principal: Person, db: Db,
-                    team: Annotated[str | None, Query(max_length=63, description="An admin's choice of team"
-                                                      " (default: the default team); a member's own team"
-                                                      " when omitted.")] = None) -> CalibrationOut:
+                    team: Annotated[Label | None, Query(max_length=63, description="An admin's choice of team"
+                                                        " (default: the default team); a member's own team"
+                                                        " when omitted.")] = None) -> CalibrationOut:
     """Every GPU kind and family measured so far for `team`: factors, runs, error before and after.
     403 when a member names another team."""
     settings: Settings = request.app.state.settings
