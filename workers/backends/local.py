@@ -177,9 +177,8 @@ class LocalBackend:
         return out
 
     def _stop_strays(self, name: str) -> None:
-        try:
-            req = LaunchRequest.model_validate_json(jobfiles.read_small_text(self._dir(name) / "request.json"))
-        except (OSError, ValueError):
+        req = local_logs.read_request(self._dir(name))
+        if req is None:
             return
         local_strays.kill(local_strays.processes(job_checkpoint_dir(self.folder, req.job_id), attempt=req.job.attempt))
 
@@ -187,11 +186,8 @@ class LocalBackend:
         folder = self._dir(name)
         if not folder.exists():
             return Observation(state=RunState.MISSING)
-        try:
-            req = LaunchRequest.model_validate_json(jobfiles.read_small_text(folder / "request.json"))
-            nodes = [f"{socket.gethostname()}/node{rank}" for rank in range(req.nodes)]
-        except (OSError, ValueError):
-            nodes = []
+        req = local_logs.read_request(folder)
+        nodes = [] if req is None else [f"{socket.gethostname()}/node{rank}" for rank in range(req.nodes)]
         exit_file, state_file = folder / "exit.json", folder / "state.json"
         if exit_file.exists():
             try:

@@ -21,7 +21,9 @@ from workers.backends.logfiles import FileSource, list_folder, read_files, read_
 _NODE_LOG = re.compile(r"^node(\d+)\.log$")
 
 
-def _request(folder: Path) -> LaunchRequest | None:
+def read_request(folder: Path) -> LaunchRequest | None:
+    """The attempt's `request.json` (read as a file the job can write: `jobfiles`), or None when it
+    cannot be read or is not a request."""
     try:
         return LaunchRequest.model_validate_json(jobfiles.read_small_text(folder / "request.json"))
     except (OSError, ValueError):
@@ -30,7 +32,7 @@ def _request(folder: Path) -> LaunchRequest | None:
 
 def log_sources(folder: Path) -> list[FileSource]:
     """One source per simulated node, in node order."""
-    req = _request(folder)
+    req = read_request(folder)
     if req is not None:
         nodes = range(req.nodes)
     else:  # an unreadable request: the node logs that are there
