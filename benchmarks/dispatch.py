@@ -28,7 +28,7 @@ from service.planner import Plan, plan
 from service.spec import TrainingSpec
 from workers.backends.base import Handle, RunState
 from workers.backends.slurm import SlurmBackend
-from workers.dispatcher import build_request
+from workers.dispatch.request import build_request
 
 #: A one-process CPU spec; the benchmark replaces its command and world (it measures Slurm, not training).
 TINY: dict[str, Any] = {"name": "bench", "model": {"preset": "llama-tiny"},

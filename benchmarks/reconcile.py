@@ -62,7 +62,9 @@ from workers.backends.base import Backend, attempt_name
 from workers.backends.local import LocalBackend
 from workers.backends.slurm import SlurmBackend
 from workers.backends.slurm.accounting import SACCT_FIELDS
-from workers.dispatcher import CycleReport, Dispatcher, DispatcherConfig, build_request
+from workers.dispatch.context import CycleReport, DispatcherConfig
+from workers.dispatch.request import build_request
+from workers.dispatcher import Dispatcher
 
 TINY: dict[str, Any] = {"name": "bench", "model": {"preset": "llama-tiny"},
                         "training": {"global_batch": 2, "precision": "fp32", "steps": 1},

@@ -10,7 +10,7 @@ In one transaction (`lease`):
 2. **Kueue pools**: QUEUED jobs of a backend and GPU kind a Kueue-managed pool takes
    (`service.store.pools.kueue_kinds`) are not gated here: each gets that pool and `admitted_at`
    written and is leased at once (highest priority first, then id, as the batch has room), like a job
-   of an unmanaged backend; Kueue admits its workload. A retry waiting out its backoff waits.
+   of an unmanaged backend; Kueue admits its workload. A retry waiting out its back-off waits.
 3. **Admission**: a `Snapshot` of the store (`service.scheduling.snapshot`) goes to
    `service.scheduling.engine.admit`; each admitted job gets its `pool` and `admitted_at` written
    (it holds its GPUs from now on), and as many as the batch has room for are leased, in the
@@ -63,12 +63,12 @@ def _of_kinds(kinds: dict[tuple[str, str], str]) -> ColumnElement[bool]:
 
 
 def _admit_to_kueue(session: Session, kueue: dict[tuple[str, str], str], of_kueue: ColumnElement[bool],
-                    expired: ColumnElement[bool], *, now: datetime, room: int, postgres: bool,
+                    free: ColumnElement[bool], *, now: datetime, room: int, postgres: bool,
                     into: list[int]) -> None:
     """Admit up to `room` waiting jobs of the Kueue pools' kinds to their pool, appending their ids to
     `into`: no engine, no quota; Kueue decides when they run."""
     stmt = (select(Job.id, Job.backend, Job.gpu)
-            .where(Job.status == S.QUEUED, Job.pool.is_(None), expired, of_kueue)
+            .where(Job.status == S.QUEUED, Job.pool.is_(None), free, of_kueue)
             .order_by(Job.priority.desc(), Job.id).limit(room))
     if postgres:
         stmt = stmt.with_for_update(skip_locked=True)
@@ -89,19 +89,21 @@ def lease(session: Session, *, now: datetime, owner: str, lease_s: float, batch:
     managed = sorted({p.pool.backend.value for p in pools})
     kueue = kueue_kinds(pools)
     of_kueue = _of_kinds(kueue)
-    expired = or_(Job.lease_expires_at.is_(None), Job.lease_expires_at < now)
+    # no lease held, and no retry's back-off (`not_before`) under way
+    free = and_(or_(Job.lease_expires_at.is_(None), Job.lease_expires_at < now),
+                or_(Job.not_before.is_(None), Job.not_before < now))
     holds = or_(Job.status == S.SUBMITTING, Job.pool.is_not(None))
     if managed:
         holds = or_(holds, Job.backend.not_in(managed))
     else:  # nothing to admit: every queued job goes, as before admission (Kueue's below, with their pool)
         holds = or_(holds, and_(Job.status == S.QUEUED, not_(of_kueue)) if kueue else Job.status == S.QUEUED)
-    stmt = (select(Job.id).where(Job.status.in_(UNSUBMITTED), expired, holds)
+    stmt = (select(Job.id).where(Job.status.in_(UNSUBMITTED), free, holds)
             .order_by(Job.priority.desc(), Job.id).limit(batch))
     if postgres:
         stmt = stmt.with_for_update(skip_locked=True)
     result = LeaseResult(ids=list(session.scalars(stmt)))
     if kueue and len(result.ids) < batch:
-        _admit_to_kueue(session, kueue, of_kueue, expired, now=now, room=batch - len(result.ids),
+        _admit_to_kueue(session, kueue, of_kueue, free, now=now, room=batch - len(result.ids),
                         postgres=postgres, into=result.ids)
     if managed and _try_lock(session):
         # the dispatcher needs admissions and preemptions only: no reasons, and the walk stops once
@@ -116,7 +118,7 @@ def lease(session: Session, *, now: datetime, owner: str, lease_s: float, batch:
                 result.ids.append(admission.job_id)
     if result.ids:
         session.execute(update(Job).where(Job.id.in_(result.ids)).values(
-            lease_owner=owner, lease_expires_at=now + timedelta(seconds=lease_s))
+            lease_owner=owner, lease_expires_at=now + timedelta(seconds=lease_s), not_before=None)
             .execution_options(synchronize_session=False))
     return result
 

@@ -48,7 +48,7 @@ from service.notify.retry import GONE, backoff_s, is_retryable, retry_after_s
 from service.store.models import utcnow
 from service.store.notify_models import Delivery, DeliveryOutcome, OutboxEntry, OutboxState, WebhookFormat
 from service.store.webhooks import signing_secrets
-from workers.dispatcher import failpoint
+from workers.dispatch.context import failpoint
 
 log = logging.getLogger("shardctl.notify")
 #: How much of a receiver's answer the deliveries log keeps.

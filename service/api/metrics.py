@@ -50,19 +50,19 @@ class JobsCollector(Collector):
 
 class QueueLagCollector(Collector):
     """`shardctl_queue_lag_seconds`: how long the longest-waiting job that a dispatcher could lease now
-    (QUEUED, or SUBMITTING with an expired lease) has waited, since it was queued or its retry backoff
-    ended; 0 when none waits. One series per team with `team_labels` (a team with none waiting has
-    none), else the maximum over teams. Read from the database at scrape time with one aggregate, so it
-    keeps growing while no dispatcher runs."""
+    (QUEUED, or SUBMITTING with an expired lease, and no retry's back-off under way) has waited, since it
+    was queued, its lease expired or its back-off ended; 0 when none waits. One series per team with
+    `team_labels` (a team with none waiting has none), else the maximum over teams. Read from the
+    database at scrape time with one aggregate, so it keeps growing while no dispatcher runs."""
 
     def __init__(self, sessions: sessionmaker[Session], *, team_labels: bool) -> None:
         self.sessions, self.team_labels = sessions, team_labels
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         now = utcnow()
-        since = func.min(func.coalesce(Job.lease_expires_at, Job.updated_at))
-        waiting = (Job.status.in_(UNSUBMITTED),
-                   or_(Job.lease_expires_at.is_(None), Job.lease_expires_at < now))
+        since = func.min(func.coalesce(Job.lease_expires_at, Job.not_before, Job.updated_at))
+        waiting = (Job.status.in_(UNSUBMITTED), or_(Job.lease_expires_at.is_(None), Job.lease_expires_at < now),
+                   or_(Job.not_before.is_(None), Job.not_before < now))
         help_text = "Age of the oldest job waiting to be leased (0: none waits)."
         with self.sessions.begin() as session:
             if self.team_labels:

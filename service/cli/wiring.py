@@ -278,7 +278,8 @@ def make_dispatcher(settings: Settings, sessions: Sessions, backends: Mapping[st
     """The dispatcher over `backends`, configured from `settings`; jobs report to `public_url` (default:
     `settings.public_url`). Loads the pools first (`load_pools`)."""
     from service.scheduling.snapshot import SnapshotParams
-    from workers.dispatcher import Dispatcher, DispatcherConfig
+    from workers.dispatch.context import DispatcherConfig
+    from workers.dispatcher import Dispatcher
 
     load_pools(settings, sessions)
     config = DispatcherConfig(lease_s=settings.dispatcher_lease_s, batch=settings.dispatcher_batch,
@@ -316,7 +317,7 @@ def make_app(settings: Settings, sessions: Sessions, backends: Mapping[str, Back
     pools first (`load_pools`; serve's worker processes leave it to serve)."""
     from service.api.app import create_app
     from workers.backends.outputs import BackendOutputs
-    from workers.dispatcher import launch_preview
+    from workers.dispatch.request import launch_preview
 
     if load:
         load_pools(settings, sessions)

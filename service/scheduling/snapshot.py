@@ -89,18 +89,17 @@ def waiting_jobs(session: Session, backends: list[str], now: datetime, *,
     jobs, teams = job_table.c, team_table.c
     rows = session.connection().execute(
         select(jobs.id, teams.name, type_coerce(jobs.backend, String), jobs.gpu, jobs.gpus, jobs.priority,
-               jobs.created_at, jobs.predicted_s, jobs.lease_owner, jobs.lease_expires_at)
+               jobs.created_at, jobs.predicted_s, jobs.not_before)
         .select_from(job_table).join(team_table, teams.id == jobs.team_id)
         .where(jobs.status == S.QUEUED.value, jobs.pool.is_(None), type_coerce(jobs.backend, String).in_(backends))
         .order_by(jobs.priority.desc(), jobs.created_at, jobs.id))
     out = []
     now_ts = now.timestamp()
-    for job_id, team, backend, gpu, gpus, priority, created, predicted, owner, lease in rows:
+    for job_id, team, backend, gpu, gpus, priority, created, predicted, not_before in rows:
         if skip and (backend, gpu) in skip:
             continue
-        # A retry waiting out its backoff: no owner, a lease expiry in the future.
-        lease_ts = _ts(lease)
-        backoff = lease_ts if owner is None and lease_ts is not None and lease_ts > now_ts else None
+        backoff = _ts(not_before)  # a retry waiting out its back-off
+        backoff = backoff if backoff is not None and backoff > now_ts else None
         out.append(WaitingJob.model_construct(
             id=job_id, team=team, backend=backend, gpu=gpu, gpus=max(1, gpus), priority=priority,
             submitted_at=as_utc(created).timestamp(), pool=None, predicted_s=predicted, not_before=backoff))

@@ -192,9 +192,11 @@ class Job(Base):
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
-    # Dispatcher lease (dispatcher issue): who holds the row and until when.
+    # Dispatcher lease: who holds the row and until when.
     lease_owner: Mapped[str | None] = mapped_column(String(64))
     lease_expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    # A retry's back-off: no dispatcher leases the job before this time (None: at once).
+    not_before: Mapped[datetime | None] = mapped_column(UtcDateTime())
     # Shared GPUs: what it needs, copied from the plan at submission, and where it was admitted.
     gpu: Mapped[str] = mapped_column(String(64), default="")  # the GPU kind (or cpu)
     gpus: Mapped[int] = mapped_column(Integer, default=1)  # GPUs (cpu slots) it needs: the plan's world size

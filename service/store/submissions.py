@@ -126,14 +126,20 @@ class QueuedJob:
         return None
 
 
+def plan_columns(plan: Plan) -> dict[str, Any]:
+    """The job list's columns copied from a job's plan (layout, predicted step and run time, GPU kind and
+    count): written at submission and again whenever the job's plan changes (an out-of-memory re-plan)."""
+    return {"layout": plan.layout.short()[:200], "predicted_step_s": plan.time.step_s, "gpu": plan.gpu,
+            "gpus": plan.world_size,
+            "predicted_s": plan.time.step_s * plan.training.steps if plan.training is not None else None}
+
+
 def _queued_values(new: NewJob, *, actor: str, now: datetime) -> dict[str, Any]:
     """The QUEUED row of `new`, with the list-view columns copied from its plan."""
     spec, plan = new.spec, new.plan
     return {"name": spec.name, "team_id": new.team.id, "status": JobStatus.QUEUED, "backend": spec.backend.kind,
             "priority": spec.priority, "spec": spec, "plan": plan, "created_by": actor, "created_at": now,
-            "updated_at": now, "finished_at": None, "layout": plan.layout.short()[:200],
-            "predicted_step_s": plan.time.step_s, "gpu": plan.gpu, "gpus": plan.world_size,
-            "predicted_s": plan.time.step_s * plan.training.steps if plan.training is not None else None}
+            "updated_at": now, "finished_at": None, **plan_columns(plan)}
 
 
 def insert_jobs(session: Session, batch: Sequence[NewJob], *, actor: str,
@@ -182,4 +188,4 @@ def _params(rows: list[dict[str, Any]]) -> list[dict[str, Any]] | dict[str, Any]
     return rows[0] if len(rows) == 1 else rows
 
 
-__all__ = ["QUEUED_MESSAGE", "QueuedJob", "SubmittingTeam", "insert_jobs", "submitting_team"]
+__all__ = ["QUEUED_MESSAGE", "QueuedJob", "SubmittingTeam", "insert_jobs", "plan_columns", "submitting_team"]

@@ -25,7 +25,8 @@ from tests.db_fixtures import Env, LiveServer
 from tests.specs import tiny
 from workers.backends.local import LocalBackend
 from workers.backends.outputs import BackendOutputs
-from workers.dispatcher import Dispatcher, DispatcherConfig
+from workers.dispatch.context import DispatcherConfig
+from workers.dispatcher import Dispatcher
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 TWO_RANKS = ("import os, sys\nr = os.environ['RANK']\n"

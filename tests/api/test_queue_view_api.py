@@ -15,7 +15,8 @@ from service.store.queue_view import view_age_s
 from tests.db_fixtures import Env
 from tests.support.quotas import program, setup, submit
 from workers.backends.local import LocalBackend
-from workers.dispatcher import Dispatcher, DispatcherConfig
+from workers.dispatch.context import DispatcherConfig
+from workers.dispatcher import Dispatcher
 
 
 def explain(env: Env, headers: dict[str, str], job_id: int) -> dict[str, Any]:

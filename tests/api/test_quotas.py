@@ -11,7 +11,8 @@ from typing import Any
 from tests.db_fixtures import Env
 from tests.support.quotas import program, setup, submit
 from workers.backends.local import LocalBackend
-from workers.dispatcher import Dispatcher, DispatcherConfig
+from workers.dispatch.context import DispatcherConfig
+from workers.dispatcher import Dispatcher
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 

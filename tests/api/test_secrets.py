@@ -27,7 +27,7 @@ from service.store.models import Job, utcnow
 from tests.db_fixtures import Env
 from tests.specs import tiny, tiny_plan
 from workers.backends.local import LocalBackend
-from workers.dispatcher import launch_preview
+from workers.dispatch.request import launch_preview
 
 SECRET_ENV = {
     "WANDB_API_KEY": "0123456789abcdef0123456789abcdef01234567",

@@ -19,7 +19,8 @@ from tests.db_fixtures import Env, LiveServer
 from tests.specs import tiny
 from workers.backends.local import LocalBackend
 from workers.backends.outputs import BackendOutputs
-from workers.dispatcher import Dispatcher, DispatcherConfig
+from workers.dispatch.context import DispatcherConfig
+from workers.dispatcher import Dispatcher
 
 runner = CliRunner()
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}

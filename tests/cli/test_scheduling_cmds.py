@@ -9,7 +9,8 @@ from pathlib import Path
 from tests.db_fixtures import Env
 from tests.specs import tiny
 from workers.backends.local import LocalBackend
-from workers.dispatcher import Dispatcher, DispatcherConfig
+from workers.dispatch.context import DispatcherConfig
+from workers.dispatcher import Dispatcher
 
 
 def test_an_admin_declares_pools_and_quotas_and_a_user_asks_why(admin_cli: Callable[..., tuple[int, str]], env: Env,

@@ -16,7 +16,8 @@ from service.store.models import Job
 from tests.db_fixtures import Env
 from tests.specs import tiny
 from workers.backends.local import LocalBackend
-from workers.dispatcher import Dispatcher, DispatcherConfig
+from workers.dispatch.context import DispatcherConfig
+from workers.dispatcher import Dispatcher
 
 
 def job(env: Env, admin: dict[str, str], *, team: str = "default", priority: int = 0, slots: int = 1) -> int:

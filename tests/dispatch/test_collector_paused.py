@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from workers.dispatcher import collector_paused
+from workers.dispatch.reconcile import collector_paused
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,7 @@ from service.store.models import Attempt, Job
 from tests.db_fixtures import Env
 from tests.specs import tiny
 from tests.support.dispatch import TERMINAL, drive, make_dispatcher, one_process
-from workers.dispatcher import FAILPOINT_ENV
+from workers.dispatch.context import FAILPOINT_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -23,7 +23,8 @@ from workers.backends import jobfiles
 from workers.backends.local import LocalBackend
 from workers.backends.logfiles import FileSource, read_files, read_in_folder
 from workers.backends.outputs import BackendOutputs
-from workers.dispatcher import Dispatcher, DispatcherConfig
+from workers.dispatch.context import DispatcherConfig
+from workers.dispatcher import Dispatcher
 
 #: Seconds any answer may take here before the test calls it a hang (a liveness bound, not a timing).
 HANG_S = 30.0

@@ -16,7 +16,8 @@ from workers.backends import local_devices
 from workers.backends.base import Handle, LaunchRequest, RunState, SubmissionRefused, TransientBackendError
 from workers.backends.local import LocalBackend
 from workers.backends.local_devices import LocalDevices
-from workers.dispatcher import Dispatcher, DispatcherConfig
+from workers.dispatch.context import DispatcherConfig
+from workers.dispatcher import Dispatcher
 
 #: Writes what the process sees (its CUDA_VISIBLE_DEVICES and CPU affinity) to OUT/<name>.json, then waits
 #: (at most 60 s) until the file RELEASE exists, so the test decides when it ends.

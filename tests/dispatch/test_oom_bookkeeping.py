@@ -16,6 +16,8 @@ from tests.db_fixtures import Env
 from tests.specs import tiny
 from tests.support.dispatch import drive, make_dispatcher
 from workers.backends.base import Observation, RunState
+from workers.dispatch import reconcile
+from workers.dispatch.context import Context
 
 #: One process (no torchrun): out of memory, as the runtime reports it, while the plan's micro-batch is over 1;
 #: the peak is 5% under the plan's predicted tensor bytes (the model over-predicted) and the limit 10% under them.
@@ -90,13 +92,13 @@ def test_an_out_of_memory_end_is_applied_in_a_transaction_of_its_own(env: Env, t
     dispatcher = make_dispatcher(env, tmp_path)
     calls: list[list[int]] = []
 
-    def record(observed: list[tuple[int, int, Observation]]) -> int:
+    def record(ctx: Context, observed: list[tuple[int, int, Observation]]) -> int:
         calls.append([job_id for job_id, _, _ in observed])
         if observed[0][0] == 3:
             raise RuntimeError("the store refused job 3")
         return len(observed)
 
-    monkeypatch.setattr(dispatcher, "_apply_in_one_transaction", record)
+    monkeypatch.setattr(reconcile, "_apply_in_one_transaction", record)
     ended = Observation(state=RunState.SUCCEEDED, exit_code=0)
     oom = Observation(state=RunState.FAILED, exit_code=1, failure=FailureClass.OOM_GPU)
     observed = [(1, 1, ended), (2, 1, oom), (3, 1, oom.model_copy(update={"failure": FailureClass.OOM_HOST})),

@@ -19,7 +19,9 @@ from tests.support.runtime_jobs import RUNTIME, beats, job, measurements
 from workers.backends.base import RunState
 from workers.backends.local import LocalBackend
 from workers.backends.local_supervisor import job_checkpoint_dir
-from workers.dispatcher import Dispatcher, DispatcherConfig, being_preempted
+from workers.dispatch.context import DispatcherConfig
+from workers.dispatch.preempt import being_preempted, mark_preempted
+from workers.dispatcher import Dispatcher
 from workers.runtime import checkpoint
 
 STEPS = 60
@@ -137,7 +139,7 @@ def test_a_dispatcher_killed_between_the_mark_and_the_notice_gives_notice_after_
         first.run_once()
         time.sleep(0.1)
     # the state a SIGKILL at the `after-preempt-mark` failpoint leaves: marked and committed, no notice sent
-    assert first._mark_preempted(job_id, by=99, reason="reclaim") is not None
+    assert mark_preempted(first, job_id, by=99, reason="reclaim") is not None
     time.sleep(1)
     assert job(env, job_id, admin)["status"] == "RUNNING"  # without a notice the victim runs on
 

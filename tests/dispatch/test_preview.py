@@ -13,7 +13,7 @@ from service.store.db import make_engine
 from tests.db_fixtures import Env
 from tests.specs import tiny
 from workers.backends.local import LocalBackend
-from workers.dispatcher import launch_preview
+from workers.dispatch.request import launch_preview
 
 
 def test_plans_render_the_launch_request_when_a_dispatcher_is_wired(env: Env, tmp_path: Path) -> None:

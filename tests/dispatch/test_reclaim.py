@@ -19,7 +19,8 @@ from tests.runtime.harness import spec_dict
 from tests.specs import tiny
 from tests.support.runtime_jobs import RUNTIME, beats, measurements
 from workers.backends.local import LocalBackend
-from workers.dispatcher import Dispatcher, DispatcherConfig
+from workers.dispatch.context import DispatcherConfig
+from workers.dispatcher import Dispatcher
 
 STEPS = 40
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}

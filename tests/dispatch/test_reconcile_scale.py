@@ -27,7 +27,8 @@ from workers.backends.base import attempt_name
 from workers.backends.kubernetes import KubernetesBackend
 from workers.backends.slurm import SlurmBackend
 from workers.backends.slurm.accounting import SACCT_FIELDS
-from workers.dispatcher import CycleReport, Dispatcher, DispatcherConfig
+from workers.dispatch.context import CycleReport, DispatcherConfig
+from workers.dispatcher import Dispatcher
 
 NS = "team-a"
 SLURM_BASE = 500_000

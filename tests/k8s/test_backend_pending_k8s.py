@@ -17,7 +17,8 @@ from tests.k8s.fake_apiserver import FakeApiServer, now_iso
 from tests.specs import tiny
 from workers.backends.base import RunState
 from workers.backends.kubernetes import KubernetesBackend
-from workers.dispatcher import Dispatcher, DispatcherConfig
+from workers.dispatch.context import DispatcherConfig
+from workers.dispatcher import Dispatcher
 
 NAME = "shardctl-7-1"
 GPUS = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."

@@ -29,7 +29,8 @@ from tests.k8s.schemas import require_crd_schemas, validate
 from tests.specs import tiny
 from workers.backends.kubernetes import KubernetesBackend
 from workers.backends.kubernetes.render import RenderOptions, render_objects
-from workers.dispatcher import Dispatcher, DispatcherConfig
+from workers.dispatch.context import DispatcherConfig
+from workers.dispatcher import Dispatcher
 
 NS = "training"
 H100, A100 = "H100-SXM-80GB", "A100-SXM-80GB"

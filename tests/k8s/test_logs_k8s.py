@@ -25,7 +25,8 @@ from workers.backends import outputs
 from workers.backends.base import Handle
 from workers.backends.kubernetes import KubernetesBackend
 from workers.backends.kubernetes import logs as k8s_logs
-from workers.dispatcher import Dispatcher, DispatcherConfig
+from workers.dispatch.context import DispatcherConfig
+from workers.dispatcher import Dispatcher
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
 

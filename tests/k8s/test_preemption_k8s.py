@@ -14,7 +14,8 @@ from tests.k8s.conftest import IMAGE
 from tests.k8s.fake_apiserver import FakeApiServer
 from tests.specs import tiny
 from workers.backends.kubernetes import KubernetesBackend
-from workers.dispatcher import Dispatcher, DispatcherConfig
+from workers.dispatch.context import DispatcherConfig
+from workers.dispatcher import Dispatcher
 
 NS = "training"
 

@@ -258,7 +258,7 @@ def test_dispatcher_preview_is_the_rendered_list() -> None:
     from service.planner.planning import plan
     from service.spec import TrainingSpec
     from tests.specs import tiny
-    from workers.dispatcher import launch_preview
+    from workers.dispatch.request import launch_preview
 
     spec = TrainingSpec.model_validate(tiny(
         backend={"kind": "kubernetes", "object": "indexed-job", "namespace": "team-a",

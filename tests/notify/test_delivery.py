@@ -20,7 +20,7 @@ from service.store.notify_models import OutboxEntry, OutboxState
 from tests.db_fixtures import Env
 from tests.notify.helpers import deliveries, notifier, pending, pump, submit, subscribe
 from tests.notify.receiver import HANG, receiver
-from workers.dispatcher import FAILPOINT_ENV
+from workers.dispatch.context import FAILPOINT_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 

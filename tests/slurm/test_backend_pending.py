@@ -22,7 +22,8 @@ from tests.slurm.conftest import slurm_partition
 from tests.support.slurm_dispatch import drive, events, slurm_job
 from workers.backends.slurm import SlurmBackend
 from workers.backends.slurm.accounting import start_time
-from workers.dispatcher import Dispatcher, DispatcherConfig
+from workers.dispatch.context import DispatcherConfig
+from workers.dispatcher import Dispatcher
 
 sqlite_only = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 SLURM_REASONS = {"Resources", "Priority"}

@@ -19,7 +19,7 @@ from service.store.models import Job
 from tests.db_fixtures import Env
 from tests.slurm.conftest import sacct_count_by_name, sacct_states
 from tests.support.slurm_dispatch import drive, events, make_dispatcher, slurm_job
-from workers.dispatcher import FAILPOINT_ENV
+from workers.dispatch.context import FAILPOINT_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 sqlite_only = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)

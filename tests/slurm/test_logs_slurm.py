@@ -21,7 +21,8 @@ from tests.specs import tiny
 from workers.backends.base import Handle, RunState
 from workers.backends.outputs import BackendOutputs
 from workers.backends.slurm import SlurmBackend
-from workers.dispatcher import Dispatcher, DispatcherConfig
+from workers.dispatch.context import DispatcherConfig
+from workers.dispatcher import Dispatcher
 
 
 def _read(backend: SlurmBackend, handle: Handle, cursor: str | None = None,

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from service.lifecycle_decide import counts_against_max_attempts
 from service.scheduling.snapshot import SnapshotParams
 from service.store.models import Attempt, Job, utcnow
 from service.store.states import transition
@@ -31,7 +32,9 @@ from workers.backends.base import RunState
 from workers.backends.slurm import SlurmBackend, SlurmObservation
 from workers.backends.slurm.accounting import lags, merge
 from workers.backends.slurm.states import observe
-from workers.dispatcher import Dispatcher, DispatcherConfig, being_preempted, counted_attempts
+from workers.dispatch.context import DispatcherConfig
+from workers.dispatch.preempt import being_preempted, mark_preempted
+from workers.dispatcher import Dispatcher
 
 sqlite_only = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 STEPS = 40
@@ -76,7 +79,7 @@ def stored(env: Env, job_id: int) -> tuple[JobStatus, str | None, list[tuple[int
 def test_a_preempted_attempt_that_slurm_ends_gives_the_admission_back(env: Env, admin: dict[str, str],
                                                                         tmp_path: Path) -> None:
     dispatcher, job_id = running_in_pool(env, admin, tmp_path)
-    assert dispatcher._mark_preempted(job_id, by=7, reason="team a reclaims its quota") is not None
+    assert mark_preempted(dispatcher, job_id, by=7, reason="team a reclaims its quota") is not None
     # what a poll reads while the processes run out KillWait (sacct CANCELLED, squeue COMPLETING) ...
     accounted = {"JobIDRaw": "4242", "JobName": f"shardctl-{job_id}-1", "State": "CANCELLED by 0",
                  "ExitCode": "0:15", "NodeList": "node1", "Reason": "None", "WorkDir": "/w", "NNodes": "1"}
@@ -94,7 +97,8 @@ def test_a_preempted_attempt_that_slurm_ends_gives_the_admission_back(env: Env, 
     assert attempts[0][2].startswith("preempted by job 7: team a reclaims its quota")
     with env.app.state.sessions() as session:
         job = session.get(Job, job_id)
-        assert job is not None and counted_attempts(job) == 0 and job.admitted_at is None
+        assert job is not None and job.admitted_at is None
+        assert not any(counts_against_max_attempts(a.failure) for a in job.attempts)
         assert job_id not in being_preempted(session)
 
 
@@ -103,7 +107,7 @@ def test_a_preempted_attempt_that_slurm_requeues_anyway_keeps_its_mark(env: Env,
     """A requeue racing shardctl's preemption (Slurm's own, or one sent by an older dispatcher): the
     requeued run inherits the mark, so it gets notice and its end gives the admission back."""
     dispatcher, job_id = running_in_pool(env, admin, tmp_path)
-    assert dispatcher._mark_preempted(job_id, by=7, reason="reclaim") is not None
+    assert mark_preempted(dispatcher, job_id, by=7, reason="reclaim") is not None
     dispatcher.apply(job_id, 1, SlurmObservation(state=RunState.PENDING, requeues=1, job_id="4242",
                                                  requeue_reasons=["requeued (run on node1)"]))
     status, pool, attempts = stored(env, job_id)
@@ -119,7 +123,7 @@ def test_a_preempted_attempt_that_slurm_requeues_anyway_keeps_its_mark(env: Env,
     assert (status, pool) == (JobStatus.QUEUED, None)
     with env.app.state.sessions() as session:
         job = session.get(Job, job_id)
-        assert job is not None and counted_attempts(job) == 0
+        assert job is not None and not any(counts_against_max_attempts(a.failure) for a in job.attempts)
 
 
 def test_slurms_own_requeue_keeps_the_admission_as_before(env: Env, admin: dict[str, str], tmp_path: Path) -> None:

@@ -19,7 +19,8 @@ from tests.runtime.harness import spec_dict
 from tests.slurm.conftest import URGENT, sacct_states
 from tests.support.runtime_jobs import beats, job, measurements
 from workers.backends.slurm import SlurmBackend
-from workers.dispatcher import Dispatcher, DispatcherConfig
+from workers.dispatch.context import DispatcherConfig
+from workers.dispatcher import Dispatcher
 
 STEPS = 60
 RUNTIME = ["python", "-m", "workers.runtime", "--heartbeat-every", "1", "--no-profile", "--no-track-memory",

@@ -104,7 +104,8 @@ def limited(backend: SlurmBackend, partition: str, tmp_path_factory: pytest.Temp
     from service.store.db import make_engine, make_sessionmaker
     from service.store.tokens import create_token
     from service.store.vocab import Role
-    from workers.dispatcher import Dispatcher, DispatcherConfig
+    from workers.dispatch.context import DispatcherConfig
+    from workers.dispatcher import Dispatcher
 
     folder = tmp_path_factory.mktemp("time-limit")
     slow_backend = SlurmBackend(folder=folder / "slow", partition=partition,

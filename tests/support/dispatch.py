@@ -10,7 +10,8 @@ from service.store.db import make_engine, make_sessionmaker
 from tests.db_fixtures import Env
 from tests.specs import tiny
 from workers.backends.local import LocalBackend
-from workers.dispatcher import Dispatcher, DispatcherConfig
+from workers.dispatch.context import DispatcherConfig
+from workers.dispatcher import Dispatcher
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 

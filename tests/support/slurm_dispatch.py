@@ -12,7 +12,8 @@ from service.store.db import make_engine, make_sessionmaker
 from tests.db_fixtures import Env
 from tests.specs import tiny
 from workers.backends.slurm import SlurmBackend
-from workers.dispatcher import Dispatcher, DispatcherConfig
+from workers.dispatch.context import DispatcherConfig
+from workers.dispatcher import Dispatcher
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 

@@ -35,7 +35,8 @@ from service.store.tokens import create_token, ensure_team
 from tests.db_fixtures import LiveServer
 from workers.backends.local import LocalBackend
 from workers.backends.outputs import BackendOutputs
-from workers.dispatcher import Dispatcher, DispatcherConfig
+from workers.dispatch.context import DispatcherConfig
+from workers.dispatcher import Dispatcher
 
 ROOT = Path(__file__).resolve().parents[2]
 AXE = ROOT / "service/api/ui/static/vendor/axe/axe.min.js"

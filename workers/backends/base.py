@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -38,6 +37,8 @@ from service.joblogs import RANK_PREFIX_TEMPLATE
 from service.joblogs import ArtifactInfo as ArtifactInfo  # the output contract, re-exported
 from service.joblogs import LogChunk as LogChunk
 from service.joblogs import LogLine as LogLine
+from service.observation import Observation as Observation  # what `poll` answers, re-exported
+from service.observation import RunState as RunState
 from service.planner.result import Plan
 from service.scheduling.kueue_names import KueueQueue
 
@@ -145,33 +146,6 @@ class Handle(BaseModel):
 
     name: str
     backend_id: str | None = None
-
-
-class RunState(StrEnum):
-    PENDING = "PENDING"
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-    MISSING = "MISSING"  # the backend does not know this name (never submitted, or long gone)
-
-
-class Observation(BaseModel):
-    """What the backend says about one submission."""
-
-    state: RunState
-    nodes: list[str] = Field(default_factory=list)
-    exit_code: int | None = None
-    failure: FailureClass | None = None
-    reason: str | None = None
-    log_tail: str | None = None
-    requeues: int = Field(0, description="Times the backend requeued this same submission (preemption).")
-    requeue_reasons: list[str] = Field(default_factory=list)
-    pending_reason: str | None = Field(None, description="While PENDING: why the backend itself holds it, in the"
-                                       " backend's own words (Slurm's squeue reason such as `Resources`, a pod's"
-                                       " Unschedulable message, a Kueue admission wait); None when it gives none.")
-    expected_start: float | None = Field(None, description="While PENDING: when the backend expects to start it,"
-                                         " epoch seconds (Slurm's `squeue --start` estimate); None when it has none.")
 
 
 class Rendered(BaseModel):
