@@ -12,7 +12,8 @@ band of a job is the same whether the simulation stops at it (`explain`) or runs
 
 Run twice: the earliest edge with known durations shortened by `ETA_TOLERANCE` and unknown ones
 taken as 0, the latest lengthened by it and unknown ones taken as `Snapshot.eta_unknown_s`.
-Preemption and later arrivals are not simulated. Pure: it reads the cycle's counters only.
+Preemption and later arrivals are not simulated. Pure: it reads the cycle's ledger only.
+`forecast_kind` runs it over a cycle's walked order, `eta_of` words one job's band as an `Eta`.
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ import heapq
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from service.scheduling.state import RunningJob, WaitingJob
-
-if TYPE_CHECKING:
-    from service.scheduling.engine import _Cycle
+from service.scheduling.cycle import Outcome
+from service.scheduling.decisions import Eta
+from service.scheduling.ledger import Ledger
+from service.scheduling.reasons import NEVER, Blocked
+from service.scheduling.state import RunningJob, Snapshot, WaitingJob
 
 INF = math.inf
 #: the ETA band: known durations run this fraction shorter (earliest) or longer (latest).
@@ -45,7 +46,7 @@ class Start:
     unknown: int  # of those, and of the running ones, how many have no known duration
 
 
-def forecast(c: _Cycle, kind: str, jobs: Iterable[WaitingJob], admitted_pools: Mapping[int, str],
+def forecast(c: Ledger, kind: str, jobs: Iterable[WaitingJob], admitted_pools: Mapping[int, str],
              stop_at: int | None = None) -> dict[int, Start]:
     """The start of each job of `kind` in `jobs` (in admission order: the jobs admitted this cycle,
     whose pool `admitted_pools` gives, and the waiting jobs that can ever start), with every running
@@ -69,7 +70,7 @@ def forecast(c: _Cycle, kind: str, jobs: Iterable[WaitingJob], admitted_pools: M
     return out
 
 
-def _starts(c: _Cycle, kind: str, jobs: list[WaitingJob], admitted_pools: Mapping[int, str],
+def _starts(c: Ledger, kind: str, jobs: list[WaitingJob], admitted_pools: Mapping[int, str],
             running: list[RunningJob], factor: float, unknown_s: float, stop_at: int | None) -> dict[int, float]:
     free = {n: p.gpus for n, p in c.pools.items() if p.gpu == kind}
     ends: dict[str, list[tuple[float, int]]] = {n: [] for n in free}
@@ -98,8 +99,7 @@ def _starts(c: _Cycle, kind: str, jobs: list[WaitingJob], admitted_pools: Mappin
             if j.id == stop_at:
                 break
             continue
-        fit = c.big_enough.get((j.backend, j.gpu, j.pool, j.gpus))
-        names = fit[0] if fit is not None else [n for n in c.pools_for(j) if c.pools[n].gpus >= j.gpus]
+        names = c.fit(j)[0]
         cap = c.ever_limit(j.team, j.gpu)
         if not names or j.gpus > cap:
             out[j.id] = INF
@@ -142,4 +142,42 @@ def _starts(c: _Cycle, kind: str, jobs: list[WaitingJob], admitted_pools: Mappin
     return out
 
 
-__all__ = ["ETA_TOLERANCE", "Start", "forecast"]
+ADMITTED_NOW = "admitted in this cycle"
+
+
+def forecast_kind(out: Outcome, kind: str, stop_at: int | None = None) -> dict[int, Start]:
+    """`forecast` of the waiting jobs of `kind` in the walked order of `out` (those admitted in the
+    cycle, and those blocked by nothing that says they can never start)."""
+    admitted_pools = {a.job_id: a.pool for a in out.decision.admitted}
+    blocked = out.blocked
+    jobs = [a for a in out.order if a.gpu == kind and (
+        a.id in admitted_pools or (a.id in blocked and not any(b.code in NEVER for b in blocked[a.id])))]
+    return forecast(out.ledger, kind, jobs, admitted_pools, stop_at)
+
+
+def eta_of(s: Snapshot, kind: str, blocked: list[Blocked] | None, start: Start | None) -> Eta:
+    """The band of a job (`blocked`: why it waits, None when admitted this cycle) from its forecast
+    (None: it can never start)."""
+    if blocked is None:
+        return Eta(earliest_s=0.0, latest_s=0.0, method=ADMITTED_NOW)
+    if start is None:
+        return Eta(earliest_s=None, latest_s=None, method="never, as things stand: it can never fit (see reasons)")
+    if start.earliest == INF:
+        return Eta(earliest_s=None, latest_s=None, method="no end in sight: nothing that runs frees enough room")
+    method = (f"simulated {start.running} running and {start.ahead} queued {kind} jobs ahead in admission order:"
+              f" durations x{1 - ETA_TOLERANCE:g}..x{1 + ETA_TOLERANCE:g}")
+    if start.unknown:
+        method += f"; {start.unknown} with unknown duration taken as 0..{s.eta_unknown_s:g} s"
+    return Eta(earliest_s=round(start.earliest, 1), latest_s=None if start.latest == INF else round(start.latest, 1),
+               method=method)
+
+
+def band_of(out: Outcome, target: WaitingJob) -> Eta:
+    """The band of `target`, the last job walked in `out`."""
+    blocked = out.blocked.get(target.id)
+    if blocked is None or any(b.code in NEVER for b in blocked):
+        return eta_of(out.ledger.s, target.gpu, blocked, None)
+    return eta_of(out.ledger.s, target.gpu, blocked, forecast_kind(out, target.gpu, stop_at=target.id).get(target.id))
+
+
+__all__ = ["ADMITTED_NOW", "ETA_TOLERANCE", "Start", "band_of", "eta_of", "forecast", "forecast_kind"]

@@ -1,7 +1,7 @@
 """The queue view: every waiting job's explanation from one full cycle, so "why pending" is a lookup.
 
-`queue_view(s)` walks the whole queue once (`engine.admit` with every reason), counts positions and
-jobs ahead per pool set as it goes, and forecasts each GPU kind's queue once
+`queue_view(s)` walks the whole queue once (`cycle.run`, as `engine.admit` does), counts positions
+and jobs ahead per pool set as it goes, and forecasts each GPU kind's queue once
 (`service.scheduling.forecast`), instead of one walk and one simulation per job asked about. Each
 `QueueEntry` holds the job's explanation as its own team sees it, less the `ahead` list (which
 depends on who asks); `from_view` adds it from the entries ahead of the job.
@@ -18,17 +18,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from service.scheduling.cycle import run
 from service.scheduling.decisions import Ahead, Eta, Explanation, Reason
-from service.scheduling.engine import (
-    NEVER,
-    _Cycle,
-    _reason,
-    _run,
-    eta_of,
-    forecast_kind,
-    with_priority_reason,
-)
-from service.scheduling.forecast import Start
+from service.scheduling.forecast import Start, eta_of, forecast_kind
+from service.scheduling.reasons import NEVER, ReasonCache, reason_of, with_priority_reason
 from service.scheduling.state import Snapshot
 
 
@@ -78,13 +71,13 @@ class QueueEntry:
 
 def queue_view(s: Snapshot) -> list[QueueEntry]:
     """Every waiting job of `s`, in admission order, with its explanation (see the module's contract)."""
-    out = _run(s)
-    c: _Cycle = out.cycle
+    out = run(s, reasons=False)
+    ledger = out.ledger
     order = out.order
     blocked = out.blocked
     # jobs compete when they share a pool: group them by what decides their pools (backend, kind, pin)
     keys = {(j.backend, j.gpu, j.pool) for j in order}
-    names = {k: frozenset(_pools_of(c, k)) for k in keys}
+    names = {k: frozenset(ledger.pools_for(*k)) for k in keys}
     pool_names = {k: tuple(sorted(v)) for k, v in names.items()}
     rivals = {k: [o for o in keys if o[1] == k[1] and names[k] & names[o]] for k in keys}
     starts: dict[int, Start] = {}
@@ -97,7 +90,7 @@ def queue_view(s: Snapshot) -> list[QueueEntry]:
     wait_gpus_k = dict.fromkeys(keys, 0)
     own_jobs: dict[tuple[str, tuple[str, str, str | None]], int] = {}
     own_gpus: dict[tuple[str, tuple[str, str, str | None]], int] = {}
-    cache: dict[tuple[object, ...], Reason] = {}
+    cache: ReasonCache = {}
     entries: list[QueueEntry] = []
     for index, j in enumerate(order):
         key = (j.backend, j.gpu, j.pool)
@@ -112,7 +105,7 @@ def queue_view(s: Snapshot) -> list[QueueEntry]:
         why = blocked.get(j.id)
         reasons: list[Reason] = []
         if why:
-            reasons = with_priority_reason(j, [_reason(c, j, b, cache) for b in why], waiting, waiting_gpus)
+            reasons = with_priority_reason(j, [reason_of(j, b, cache) for b in why], waiting, waiting_gpus)
         never = why is not None and any(b.code in NEVER for b in why)
         entries.append(QueueEntry(
             job_id=j.id, team=j.team, gpu=j.gpu, gpus=j.gpus, priority=j.priority, order=index,
@@ -129,13 +122,6 @@ def queue_view(s: Snapshot) -> list[QueueEntry]:
         own_jobs[(j.team, key)] = own_jobs.get((j.team, key), 0) + 1
         own_gpus[(j.team, key)] = own_gpus.get((j.team, key), 0) + j.gpus
     return entries
-
-
-def _pools_of(c: _Cycle, key: tuple[str, str, str | None]) -> list[str]:
-    """`_Cycle.pools_for` of a job with this (backend, kind, pin)."""
-    backend, gpu, pin = key
-    return sorted(p.name for p in c.pools.values() if p.backend == backend and p.gpu == gpu
-                  and (pin is None or p.name == pin))
 
 
 def from_view(entry: QueueEntry, ahead: Iterable[Competitor], viewer_team: str | None) -> Explanation:

@@ -8,11 +8,15 @@
   the job, and the rows ahead of it of its GPU kind (its own team's only, unless an admin asks). It
   answers None, and the caller computes the answer live, when there is no view, when the view is
   older than `max_age_s`, or when the job is not in it or changed since (submitted or requeued).
+- `ViewDoc` is the one codec of a row's `doc` (its explanation less what the row's columns hold);
+  `pools_of` reads the row's `pools` column. Both the API and the dashboard's Queue page read rows
+  through them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -39,22 +43,73 @@ class _Ahead(NamedTuple):
     pools: Sequence[str]
 
 
+@dataclass(frozen=True, slots=True)
+class ViewDoc:
+    """A row's `doc`: the job's explanation as its own team sees it, less the row's own columns.
+
+    Stored as `{"admitted": bool, "reasons": [Reason as JSON], "position": [team, pool],
+    "others": [jobs, gpus], "eta": [earliest_s, latest_s, method]}`; `encode` writes exactly that and
+    `decode` reads it (every field checked), so a view written before a change of this class reads
+    the same."""
+
+    admitted: bool
+    reasons: tuple[Reason, ...]
+    team_position: int
+    pool_position: int
+    others_jobs: int  # competing jobs ahead of it from other teams, and their GPUs
+    others_gpus: int
+    eta: Eta  # counted from when the view was computed
+
+    @classmethod
+    def of(cls, e: QueueEntry) -> ViewDoc:
+        return cls(admitted=e.admitted, reasons=e.reasons, team_position=e.team_position,
+                   pool_position=e.pool_position, others_jobs=e.others_jobs, others_gpus=e.others_gpus, eta=e.eta)
+
+    def encode(self, dumped: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The stored JSON; `dumped` keeps each `Reason` dumped so far by `id` (the engine shares
+        `Reason` objects between jobs, so a refresh dumps each once)."""
+        dumped = {} if dumped is None else dumped
+        reasons = []
+        for r in self.reasons:
+            got = dumped.get(id(r))
+            if got is None:
+                got = dumped[id(r)] = r.model_dump(mode="json")
+            reasons.append(got)
+        return {"admitted": self.admitted, "reasons": reasons,
+                "position": [self.team_position, self.pool_position], "others": [self.others_jobs, self.others_gpus],
+                "eta": [self.eta.earliest_s, self.eta.latest_s, self.eta.method]}
+
+    @classmethod
+    def decode(cls, doc: dict[str, Any]) -> ViewDoc:
+        """The document `encode` wrote."""
+        team_position, pool_position = doc["position"]
+        others_jobs, others_gpus = doc["others"]
+        earliest, latest, method = doc["eta"]
+        return cls(admitted=bool(doc["admitted"]), reasons=tuple(Reason.model_validate(r) for r in doc["reasons"]),
+                   team_position=int(team_position), pool_position=int(pool_position),
+                   others_jobs=int(others_jobs), others_gpus=int(others_gpus),
+                   eta=Eta(earliest_s=earliest, latest_s=latest, method=method))
+
+    def aged(self, age_s: float) -> Eta:
+        """The band counted from `age_s` seconds after the view was computed (never below 0)."""
+        earliest, latest = self.eta.earliest_s, self.eta.latest_s
+        return self.eta.model_copy(update={
+            "earliest_s": None if earliest is None else round(max(0.0, earliest - age_s), 1),
+            "latest_s": None if latest is None else round(max(0.0, latest - age_s), 1)})
+
+
+def pools_of(column: str) -> tuple[str, ...]:
+    """A row's `pools` column read back: the pools the job may use."""
+    return tuple(column.split(",")) if column else ()
+
+
 def write_view(session: Session, entries: Sequence[QueueEntry], *, computed_at: datetime, seconds: float) -> None:
     """Replace the view with `entries` (one refresh), in the caller's transaction."""
     session.execute(delete(QueueViewRow))
-    dumped: dict[int, dict[str, Any]] = {}  # the engine shares Reason objects between jobs: dump each once
-
-    def reason(r: Reason) -> dict[str, Any]:
-        got = dumped.get(id(r))
-        if got is None:
-            got = dumped[id(r)] = r.model_dump(mode="json")
-        return got
-
+    dumped: dict[int, dict[str, Any]] = {}
     rows = [{"job_id": e.job_id, "ord": e.order, "team": e.team, "gpu": e.gpu, "gpus": e.gpus,
-             "priority": e.priority, "pools": ",".join(e.pools),
-             "doc": {"admitted": e.admitted, "reasons": [reason(r) for r in e.reasons],
-                     "position": [e.team_position, e.pool_position], "others": [e.others_jobs, e.others_gpus],
-                     "eta": [e.eta.earliest_s, e.eta.latest_s, e.eta.method]}} for e in entries]
+             "priority": e.priority, "pools": ",".join(e.pools), "doc": ViewDoc.of(e).encode(dumped)}
+            for e in entries]
     if rows:
         session.execute(insert(QueueViewRow), rows)
     meta = session.get(QueueViewMeta, META_ID)
@@ -95,29 +150,23 @@ def read_explanation(session: Session, job_id: int, viewer_team: str | None, *, 
     row = session.get(QueueViewRow, job_id)
     if row is None:
         return None
-    doc = row.doc
-    earliest, latest, method = doc["eta"]
-    if earliest is not None:
-        earliest = round(max(0.0, earliest - age), 1)
-    if latest is not None:
-        latest = round(max(0.0, latest - age), 1)
-    pools = tuple(row.pools.split(",")) if row.pools else ()
+    doc = ViewDoc.decode(row.doc)
+    eta = doc.aged(age)
     entry = QueueEntry(job_id=row.job_id, team=row.team, gpu=row.gpu, gpus=row.gpus, priority=row.priority,
-                       order=row.ord, pools=pools, admitted=doc["admitted"],
-                       reasons=tuple(Reason.model_validate(r) for r in doc["reasons"]),
-                       team_position=doc["position"][0], pool_position=doc["position"][1],
-                       others_jobs=doc["others"][0], others_gpus=doc["others"][1],
-                       eta=Eta(earliest_s=earliest, latest_s=latest,
-                               method=f"{method}; from the dispatcher's queue view of {max(0.0, age):.0f} s ago"))
+                       order=row.ord, pools=pools_of(row.pools), admitted=doc.admitted, reasons=doc.reasons,
+                       team_position=doc.team_position, pool_position=doc.pool_position,
+                       others_jobs=doc.others_jobs, others_gpus=doc.others_gpus,
+                       eta=eta.model_copy(update={
+                           "method": f"{eta.method}; from the dispatcher's queue view of {max(0.0, age):.0f} s ago"}))
     t = QueueViewRow
     stmt = (select(t.job_id, t.team, t.gpu, t.gpus, t.priority, t.ord, t.pools)
             .where(t.gpu == row.gpu, t.ord < row.ord).order_by(t.ord))
     if viewer_team is not None:
         stmt = stmt.where(t.team == viewer_team)
-    ahead = [_Ahead(job, team, gpu, gpus, priority, order, names.split(",") if names else [])
+    ahead = [_Ahead(job, team, gpu, gpus, priority, order, pools_of(names))
              for job, team, gpu, gpus, priority, order, names in session.execute(stmt)]
     answer = from_view(entry, ahead, viewer_team)
     return answer.model_copy(update={"as_of": as_utc(meta.computed_at).timestamp()})
 
 
-__all__ = ["QUEUE_VIEW_LOCK_KEY", "invalidate", "read_explanation", "view_age_s", "write_view"]
+__all__ = ["QUEUE_VIEW_LOCK_KEY", "ViewDoc", "invalidate", "pools_of", "read_explanation", "view_age_s", "write_view"]

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 
 from service.scheduling.decisions import Decision, ReasonCode
-from service.scheduling.engine import UnknownJob, admit, eta, explain, kind_cost
+from service.scheduling.engine import UnknownJob, admit, eta, explain
+from service.scheduling.fair_share import kind_cost
 from service.scheduling.model import FlavorQuota, PreemptionPolicy, TeamQuota
 from service.scheduling.state import Snapshot
 from tests.scheduling.builders import GPU, NOW, pool, quota, run, snap, wait

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request
@@ -30,10 +29,11 @@ from service.api.deps import Db
 from service.api.ui.render import page
 from service.api.ui.session import Signed
 from service.names import Label
+from service.scheduling.decisions import Reason
 from service.store.models import Job, as_utc, utcnow
 from service.store.pools import effective_pools
 from service.store.queue_models import QueueViewMeta, QueueViewRow
-from service.store.queue_view import META_ID
+from service.store.queue_view import META_ID, ViewDoc, pools_of
 from service.store.tokens import Principal
 from service.store.visibility import sees_every_team
 from service.store.vocab import JobStatus
@@ -72,9 +72,9 @@ class QueueRow:
     gpus: int
     priority: int
     order: int  # 1-based place in the whole admission order
-    pools: list[str]
+    pools: tuple[str, ...]
     admitted: bool
-    reasons: list[dict[str, Any]]
+    reasons: tuple[Reason, ...]
     team_position: int
     pool_position: int
     others_jobs: int
@@ -116,10 +116,6 @@ def _filters(query: QueueQuery) -> list[ColumnElement[bool]]:
     return out
 
 
-def _eta(value: float | None, age: float) -> float | None:
-    return None if value is None else round(max(0.0, value - age), 1)
-
-
 def queue_rows(session: Session, principal: Principal, query: QueueQuery, age: float,
                limit: int) -> tuple[list[QueueRow], int | None]:
     """One page of waiting jobs the principal may see, in admission order, and the next page's cursor."""
@@ -136,15 +132,14 @@ def queue_rows(session: Session, principal: Principal, query: QueueQuery, age: f
     found = session.execute(stmt).all()
     rows = []
     for row, name in found[:limit]:
-        doc = row.doc
-        earliest, latest, method = doc["eta"]
+        doc = ViewDoc.decode(row.doc)
+        eta = doc.aged(age)
         rows.append(QueueRow(job_id=row.job_id, name=name, team=row.team, gpu=row.gpu, gpus=row.gpus,
-                             priority=row.priority, order=row.ord + 1,
-                             pools=row.pools.split(",") if row.pools else [], admitted=bool(doc["admitted"]),
-                             reasons=list(doc["reasons"]), team_position=doc["position"][0],
-                             pool_position=doc["position"][1], others_jobs=doc["others"][0],
-                             others_gpus=doc["others"][1], eta_earliest_s=_eta(earliest, age),
-                             eta_latest_s=_eta(latest, age), eta_method=method))
+                             priority=row.priority, order=row.ord + 1, pools=pools_of(row.pools),
+                             admitted=doc.admitted, reasons=doc.reasons, team_position=doc.team_position,
+                             pool_position=doc.pool_position, others_jobs=doc.others_jobs,
+                             others_gpus=doc.others_gpus, eta_earliest_s=eta.earliest_s, eta_latest_s=eta.latest_s,
+                             eta_method=eta.method))
     next_cursor = found[limit - 1][0].ord if len(found) > limit else None
     return rows, next_cursor
 
