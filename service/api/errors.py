@@ -144,13 +144,10 @@ class RouteEntry:
 
 
 def routes_of(app: FastAPI) -> list[RouteEntry]:
-    """The app's routes with their full paths, through included routers (which FastAPI may keep nested)."""
-    iterate = getattr(fastapi.routing, "iter_route_contexts", None)
-    pairs: list[tuple[str | None, BaseRoute]] = (
-        [(ctx.path, ctx.original_route) for ctx in iterate(app.routes)] if iterate is not None
-        else [(getattr(r, "path", None), r) for r in app.routes])
+    """The app's routes with their full paths, through included routers (which FastAPI keeps nested)."""
     entries = []
-    for path, route in pairs:
+    for context in fastapi.routing.iter_route_contexts(app.routes):
+        path, route = context.path, context.original_route
         methods = getattr(route, "methods", None)
         if path and methods:
             regex, template, _ = compile_path(path)
