@@ -52,18 +52,14 @@ class StreamSlots:
             if sum(self._open.values()) >= total:
                 raise _too_many(f"this server has its {total} live event streams open (at most {total})")
             self._open[token_id] += 1
-        released = False
 
         def release() -> None:
-            nonlocal released
             with self._lock:
-                if not released:
-                    released = True
-                    self._open[token_id] -= 1
-                    if self._open[token_id] <= 0:
-                        del self._open[token_id]
+                self._open[token_id] -= 1
+                if self._open[token_id] <= 0:
+                    del self._open[token_id]
 
-        return release
+        return once(release)
 
 
 def _too_many(why: str) -> ApiError:
@@ -86,16 +82,27 @@ class Followers:
                                f" most {limit}, SHARDCTL_MAX_LOG_FOLLOWERS); read pages without follow, or retry",
                                headers={"Retry-After": "5"})
             self.open += 1
-        released = False
 
         def release() -> None:
-            nonlocal released
             with self._lock:
-                if not released:
-                    released = True
-                    self.open -= 1
+                self.open -= 1
 
-        return release
+        return once(release)
+
+
+def once(action: Callable[[], None]) -> Callable[[], None]:
+    """`action` as a callable that does it on its first call only, from any thread: a slot's release,
+    which every way a stream can end calls."""
+    lock, done = threading.Lock(), [False]
+
+    def run() -> None:
+        with lock:
+            if done[0]:
+                return
+            done[0] = True
+        action()
+
+    return run
 
 
 class EventStreamResponse(StreamingResponse):

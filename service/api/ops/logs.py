@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.api.errors import ApiError
 from service.api.logs_source import LogReader
-from service.api.sse import KEEP_ALIVE, sse_message
+from service.api.sse import KEEP_ALIVE, sse_message, stream_error
 from service.api.stream_auth import StreamAuth, as_stream_auth
 from service.joblogs import (
     ArtifactInfo,
@@ -238,17 +238,14 @@ async def follow_logs(db: sessionmaker[Session], reader: LogReader, auth: Stream
         try:
             state = await anyio.to_thread.run_sync(_state, db, check, job_id, number)
         except ApiError as exc:
-            yield sse_message("error", {"error": {"code": exc.code, "message": exc.message}})
+            yield stream_error(exc.code, exc.message)
             return
         except Exception:
             log.exception("log stream of job %s: the store did not answer", job_id)
-            yield sse_message("error", {"error": {"code": "unavailable", "message": "the database did not answer;"
-                                           " reconnect with Last-Event-ID"}})
+            yield stream_error("unavailable")
             return
         if isinstance(state, str):
-            message = {"unauthorized": "the token is no longer valid (revoked or expired)",
-                       "not_found": f"no job {job_id}"}[state]
-            yield sse_message("error", {"error": {"code": state, "message": message}})
+            yield stream_error(state, f"no job {job_id}" if state == "not_found" else None)
             return
         ref, ended = state
         lines: list[LogLine] = []
@@ -259,7 +256,7 @@ async def follow_logs(db: sessionmaker[Session], reader: LogReader, auth: Stream
                 chunk = await anyio.to_thread.run_sync(_read, reader, ref, rank, cursor)
             except OutputsError as exc:
                 error = outputs_error(exc)
-                yield sse_message("error", {"error": {"code": error.code, "message": error.message}})
+                yield stream_error(error.code, error.message)
                 return
             lines, cursor = chunk.lines, chunk.next_cursor
             for line in lines:

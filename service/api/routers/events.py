@@ -25,7 +25,7 @@ from service.api.deps import Caller, Db, bearer
 from service.api.errors import ApiError
 from service.api.notify_schemas import EventPage, FeedEventOut
 from service.api.schemas import ErrorResponse
-from service.api.sse import KEEP_ALIVE, sse_message
+from service.api.sse import KEEP_ALIVE, sse_message, stream_error
 from service.api.stream_auth import StreamAuth, as_stream_auth, for_stream
 from service.api.streams import EVENT_ID, EVENT_STREAM, HEARTBEAT_S, EventStreamResponse
 from service.names import Label
@@ -80,12 +80,10 @@ async def feed_stream(db: sessionmaker[Session], auth: StreamAuth | str, filters
             events = await anyio.to_thread.run_sync(_poll, db, check, filters, after)
         except Exception:  # the database went away: say so, rather than cut the stream mid-message
             log.exception("event feed stream: poll failed")
-            yield sse_message("error", {"error": {"code": "unavailable", "message": "the database did not answer;"
-                                           " reconnect with Last-Event-ID"}})
+            yield stream_error("unavailable")
             return
         if events is None:
-            yield sse_message("error", {"error": {"code": "unauthorized",
-                                           "message": "the token is no longer valid (revoked or expired)"}})
+            yield stream_error("unauthorized")
             return
         for event in events:
             after = event.id

@@ -28,7 +28,7 @@ from service.api.deps import (
 )
 from service.api.errors import INVALID_SPEC, ApiError
 from service.api.schemas import ErrorField, ErrorResponse, EventOut, JobOut, JobPage, MeasurementIn, MeasurementOut
-from service.api.sse import KEEP_ALIVE, sse_message
+from service.api.sse import KEEP_ALIVE, sse_message, stream_error
 from service.api.stream_auth import StreamAuth, as_stream_auth, for_stream
 from service.api.streams import EVENT_ID, EVENT_STREAM, HEARTBEAT_S, EventStreamResponse
 from service.api.submission import MAX_KEY, submit_job
@@ -183,13 +183,10 @@ async def event_stream(db: sessionmaker[Session], auth: StreamAuth | str, job_id
             polled = await anyio.to_thread.run_sync(_poll, db, check, job_id, after)
         except Exception:  # the database went away: say so, rather than cut the stream mid-message
             log.exception("event stream of job %s: poll failed", job_id)
-            yield sse_message("error", {"error": {"code": "unavailable", "message": "the database did not answer;"
-                                           " reconnect with Last-Event-ID"}})
+            yield stream_error("unavailable")
             return
         if isinstance(polled, str):
-            message = {"unauthorized": "the token is no longer valid (revoked or expired)",
-                       "not_found": f"no job {job_id}"}[polled]
-            yield sse_message("error", {"error": {"code": polled, "message": message}})
+            yield stream_error(polled, f"no job {job_id}" if polled == "not_found" else None)
             return
         events, done = polled
         for event in events:
