@@ -21,6 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.api.errors import INVALID_SPEC, ApiError
+from service.api.ops.access import acting_team
 from service.api.schemas import ErrorField, JobOut, JobSummary
 from service.api.views import encoded, job_out, job_summary, redacted_spec
 from service.planner import Deadline, InvalidSpec, Plan, SearchBudgetExceeded, plan
@@ -235,15 +236,8 @@ def new_job_out(job: QueuedJob) -> JobOut:
 
 
 def team_of(principal: Principal, spec: TrainingSpec) -> str:
-    """The team `spec` is submitted into: a member's own (403 naming it when the spec names another),
-    else the spec's, else the default team."""
-    if principal.role == Role.MEMBER:
-        if spec.team is not None and spec.team != principal.team_name:
-            raise ApiError(403, "forbidden", f"your token belongs to team {principal.team_name!r}; submit"
-                           f" without team or with team: {principal.team_name}",
-                           fields=[ErrorField(loc="team", message=f"omit it or set it to {principal.team_name}")])
-        return principal.team_name or DEFAULT_TEAM
-    return spec.team or DEFAULT_TEAM
+    """The team `spec` is submitted into: `acting_team`'s for the spec's team, else the default team."""
+    return acting_team(principal, spec.team) or DEFAULT_TEAM
 
 
 def fitting_plan(spec: TrainingSpec, planner: PlanRunner, team: str) -> Plan:

@@ -13,14 +13,13 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
 from service.api.deps import Db, Person
-from service.api.errors import ApiError
+from service.api.ops.access import acting_team
 from service.api.schemas import ErrorResponse
 from service.api.submission import DEFAULT_TEAM
 from service.names import Label
 from service.planner.calibration import DEFAULT_WINDOW, MEMORY_FACTOR_RANGE, STEP_FACTOR_RANGE, Factor
 from service.settings import Settings
 from service.store import calibration as store_calibration
-from service.store.vocab import Role
 
 router = APIRouter(prefix="/v1/calibration", tags=["calibration"])
 
@@ -64,11 +63,7 @@ def get_calibration(request: Request, principal: Person, db: Db,
     """Every GPU kind and family measured so far for `team`: factors, runs, error before and after.
     403 when a member names another team."""
     settings: Settings = request.app.state.settings
-    if principal.role == Role.MEMBER:
-        if team is not None and team != principal.team_name:
-            raise ApiError(403, "forbidden", f"your token belongs to team {principal.team_name!r}: omit team"
-                           f" or set it to {principal.team_name}")
-        team = principal.team_name
+    team = acting_team(principal, team)
     source = request.app.state.planner.calibration
     fitted_for = source.fitted_for(team or DEFAULT_TEAM)
     with db.begin() as session:

@@ -19,6 +19,7 @@ from service.api.notify_schemas import (
     WebhookOut,
     WebhookRotated,
 )
+from service.api.ops.access import acting_team
 from service.api.routers.jobs import rendered
 from service.api.schemas import ErrorField, ErrorResponse
 from service.notify.addresses import AddressRefused, check_url
@@ -71,7 +72,7 @@ def post_webhook(body: WebhookIn, principal: Person, db: Db, request: Request) -
     except AddressRefused as exc:
         raise _invalid("url", str(exc)) from exc
     new = NewWebhook(url=body.url, events=body.events, description=body.description, format=body.format,
-                     team=body.team)
+                     team=acting_team(principal, body.team))
     with db.begin() as session:
         try:
             row, secret = create_webhook(session, principal, new)
