@@ -60,24 +60,18 @@ class ViewDoc:
     others_gpus: int
     eta: Eta  # counted from when the view was computed
 
-    @classmethod
-    def of(cls, e: QueueEntry) -> ViewDoc:
-        return cls(admitted=e.admitted, reasons=e.reasons, team_position=e.team_position,
-                   pool_position=e.pool_position, others_jobs=e.others_jobs, others_gpus=e.others_gpus, eta=e.eta)
-
-    def encode(self, dumped: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
-        """The stored JSON; `dumped` keeps each `Reason` dumped so far by `id` (the engine shares
-        `Reason` objects between jobs, so a refresh dumps each once)."""
-        dumped = {} if dumped is None else dumped
+    @staticmethod
+    def encode(e: ViewDoc | QueueEntry, dumped: dict[int, dict[str, Any]]) -> dict[str, Any]:
+        """The stored JSON of `e` (a `QueueEntry` has every field); `dumped` keeps each `Reason`
+        dumped so far by `id` (the engine shares `Reason` objects between jobs: dump each once)."""
         reasons = []
-        for r in self.reasons:
+        for r in e.reasons:
             got = dumped.get(id(r))
             if got is None:
                 got = dumped[id(r)] = r.model_dump(mode="json")
             reasons.append(got)
-        return {"admitted": self.admitted, "reasons": reasons,
-                "position": [self.team_position, self.pool_position], "others": [self.others_jobs, self.others_gpus],
-                "eta": [self.eta.earliest_s, self.eta.latest_s, self.eta.method]}
+        return {"admitted": e.admitted, "reasons": reasons, "position": [e.team_position, e.pool_position],
+                "others": [e.others_jobs, e.others_gpus], "eta": [e.eta.earliest_s, e.eta.latest_s, e.eta.method]}
 
     @classmethod
     def decode(cls, doc: dict[str, Any]) -> ViewDoc:
@@ -108,7 +102,7 @@ def write_view(session: Session, entries: Sequence[QueueEntry], *, computed_at: 
     session.execute(delete(QueueViewRow))
     dumped: dict[int, dict[str, Any]] = {}
     rows = [{"job_id": e.job_id, "ord": e.order, "team": e.team, "gpu": e.gpu, "gpus": e.gpus,
-             "priority": e.priority, "pools": ",".join(e.pools), "doc": ViewDoc.of(e).encode(dumped)}
+             "priority": e.priority, "pools": ",".join(e.pools), "doc": ViewDoc.encode(e, dumped)}
             for e in entries]
     if rows:
         session.execute(insert(QueueViewRow), rows)

@@ -15,7 +15,7 @@ Contract:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from urllib.parse import urlencode
 
@@ -29,7 +29,6 @@ from service.api.deps import Db
 from service.api.ui.render import page
 from service.api.ui.session import Signed
 from service.names import Label
-from service.scheduling.decisions import Reason
 from service.store.models import Job, as_utc, utcnow
 from service.store.pools import effective_pools
 from service.store.queue_models import QueueViewMeta, QueueViewRow
@@ -73,15 +72,7 @@ class QueueRow:
     priority: int
     order: int  # 1-based place in the whole admission order
     pools: tuple[str, ...]
-    admitted: bool
-    reasons: tuple[Reason, ...]
-    team_position: int
-    pool_position: int
-    others_jobs: int
-    others_gpus: int
-    eta_earliest_s: float | None
-    eta_latest_s: float | None
-    eta_method: str
+    doc: ViewDoc  # its band counted from now
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,13 +124,9 @@ def queue_rows(session: Session, principal: Principal, query: QueueQuery, age: f
     rows = []
     for row, name in found[:limit]:
         doc = ViewDoc.decode(row.doc)
-        eta = doc.aged(age)
         rows.append(QueueRow(job_id=row.job_id, name=name, team=row.team, gpu=row.gpu, gpus=row.gpus,
                              priority=row.priority, order=row.ord + 1, pools=pools_of(row.pools),
-                             admitted=doc.admitted, reasons=doc.reasons, team_position=doc.team_position,
-                             pool_position=doc.pool_position, others_jobs=doc.others_jobs,
-                             others_gpus=doc.others_gpus, eta_earliest_s=eta.earliest_s, eta_latest_s=eta.latest_s,
-                             eta_method=eta.method))
+                             doc=replace(doc, eta=doc.aged(age))))
     next_cursor = found[limit - 1][0].ord if len(found) > limit else None
     return rows, next_cursor
 
