@@ -38,15 +38,18 @@ class PreemptRequest(BaseModel):
 
 
 def request(attempt: Path, grace_s: float) -> bool:
-    """Record the notice (the first one stands: a repeated request does not restart the grace period)
-    and signal the attempt's process group. False when the attempt is over or unknown."""
+    """Record the notice and signal the attempt's process group, once: a repeated request neither
+    restarts the grace period nor signals again (torchrun's agent, in that group, exits at once on a
+    second SIGTERM and leaves its ranks behind). False when the attempt is over or unknown."""
     if not attempt.exists() or (attempt / "exit.json").exists():
         return False
     body = PreemptRequest(grace_s=grace_s, requested_at=time.time()).model_dump_json()
-    with contextlib.suppress(FileExistsError):
+    try:
         fd = os.open(attempt / PREEMPT_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(body)
+    except FileExistsError:
+        return True
+    with os.fdopen(fd, "w") as fh:
+        fh.write(body)
     try:
         pgid = int(json.loads(jobfiles.read_small_text(attempt / "state.json"))["pgid"])
     except (OSError, ValueError, KeyError, TypeError):

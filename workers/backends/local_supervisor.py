@@ -27,7 +27,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from service.backend_options import LocalOptions, time_limit_seconds
@@ -174,6 +173,21 @@ class RunAs:
 PASS_THROUGH = 0o711
 
 
+def follow_sigterm(act: Callable[[], None]) -> None:
+    """Call `act` on a thread of its own once for each SIGTERM the process gets. The handler only
+    writes a byte to a pipe: `act` takes locks (a file read's thread pool, a timer's start), which a
+    second SIGTERM arriving while the first one's `act` ran on the main thread found held, and the
+    supervisor hung in its own handler with the job running on."""
+    wake_read, wake_write = os.pipe()
+
+    def follow() -> None:
+        while os.read(wake_read, 1):
+            act()
+
+    threading.Thread(target=follow, name="sigterm", daemon=True).start()
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: os.write(wake_write, b"t"))
+
+
 def main(tmp: Path, final: Path, run_as: RunAs | None = None) -> int:
     os.umask(PRIVATE_UMASK)  # what the supervisor and the job create is private too (logs, out/, home/)
     try:
@@ -207,24 +221,29 @@ def main(tmp: Path, final: Path, run_as: RunAs | None = None) -> int:
     children: list[subprocess.Popen[bytes]] = []
     cancelled = False
 
-    def on_term(_signum: int, _frame: FrameType | None) -> None:
-        nonlocal cancelled
+    signalled: set[int] = set()  # each child gets one SIGTERM: torchrun's agent exits at once on a second,
+    armed = False                # and the ranks it leaves behind are no longer this process's to kill
+
+    def on_term() -> None:
+        nonlocal cancelled, armed
         if local_preemption.requested(final) is None:
             cancelled = True
-        else:  # a preemption, not a cancel: SIGKILL what still runs when the grace period is over
+        elif not armed:  # a preemption, not a cancel: SIGKILL what still runs when the grace period is over
+            armed = True
             local_preemption.arm_deadline(final)
         for child in children:
-            if child.poll() is None:
+            if child.pid not in signalled and child.poll() is None:
+                signalled.add(child.pid)
                 child.terminate()
 
-    signal.signal(signal.SIGTERM, on_term)
+    follow_sigterm(on_term)
     oom_before = oom_kill_count()
     start = not preempted_early and launch_error is None
     inherited_lock = () if writer_lock is None else (writer_lock,)  # the agents hold the lock as long as they run
     for rank, command in enumerate(node_commands(req, endpoint, final) if start else []):
         if cancelled or (final / "cancel.flag").exists():
             # cancelled while the nodes were starting: start no more (on_term stopped those already started)
-            on_term(signal.SIGTERM, None)
+            on_term()
             break
         log = open_private_log(final / f"node{rank}.log")
         node_env = env if req.world_size > 1 else {**env, **single_process_env(endpoint)}
@@ -242,7 +261,7 @@ def main(tmp: Path, final: Path, run_as: RunAs | None = None) -> int:
         finally:
             os.close(log)  # the child holds its own copy
     if launch_error is not None and children:  # the nodes that did start would wait for the missing one
-        on_term(signal.SIGTERM, None)
+        on_term()
     limit = TimeLimit(req, children)
     codes = [child.wait() for child in children] if not preempted_early else [PREEMPTED_EXIT_CODE]
     exit_code = next((c for c in codes if c != 0), 0)
