@@ -61,6 +61,12 @@ class Settings(BaseSettings):
     planner_workers: int = Field(
         2, ge=1, le=64, description="Threads that plan specs for POST /v1/plans and /v1/jobs, apart from the"
         " request threads. A request that finds them all busy waits planner_wait_s, then gets a 503.")
+    shortcut_threads: int = Field(
+        3, ge=1, le=256, description="Requests the request gate's shortcuts work on at once in one API"
+        " process: this many of a job's and a list's reads and heartbeats, and as many submissions; the rest"
+        " wait their turn in the order they came. A process runs Python on one core at a time: more threads"
+        " than its statements keep waiting on the database only take turns on the lock. Raise it for a"
+        " database far away, or for statements that wait on locks.")
     planner_budget_s: float = Field(
         10.0, gt=0, le=600, description="Time budget of one layout search; a search that runs past it"
         " stops and the request gets a 422 plan_too_costly.")

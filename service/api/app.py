@@ -54,6 +54,7 @@ from service.api.routers import events, health, job_batches, jobs, logs, plans, 
 from service.api.routers import pools as pool_routes
 from service.api.routers import scheduling as scheduling_routes
 from service.api.schemas import ErrorField
+from service.api.shortcuts import Shortcut, ShortcutRequest, ShortcutThreads
 from service.api.streams import Followers, StreamSlots
 from service.api.submission import PlanRunner
 from service.api.ui import mount_ui
@@ -63,6 +64,7 @@ from service.settings import Settings
 from service.spec import TrainingSpec
 from service.store.calibration import CalibrationSource
 from service.store.db import make_engine, make_sessionmaker
+from service.store.known_tokens import KnownTokens
 from service.store.tokens import Principal
 
 LaunchPreview = Callable[[TrainingSpec, Plan], dict[str, Any] | None]
@@ -159,6 +161,17 @@ def _too_large(limit: int) -> Response:
     return errors.error_response(413, "too_large", f"request body over {limit} bytes")
 
 
+#: Routes whose commonest request the request gate answers itself (see `RequestGate`).
+SHORTCUTS: dict[tuple[str, str], Shortcut] = {
+    ("POST", "/v1/jobs"): jobs.create_job_shortcut,
+    ("POST", "/v1/jobs/{job_id}/measurements"): jobs.heartbeat_shortcut,
+    ("GET", "/v1/jobs/{job_id}"): jobs.job_shortcut,
+    ("GET", "/v1/jobs"): jobs.jobs_shortcut,
+}
+#: The largest body a shortcut reads before the token is checked: one that came with the headers.
+SHORTCUT_BODY_BYTES = 4096
+
+
 class RequestGate:
     """The checks that come before a route reads a body, in this order:
 
@@ -175,6 +188,15 @@ class RequestGate:
        lone surrogates, NaN or Infinity, or nests deeper than `MAX_JSON_DEPTH`: 422 naming the field
        (`invalid_spec` for a spec; a spec's numbers are left to its own range checks, which name the
        range, and `create_job` checks the validated spec again before it is stored).
+
+    A route may have a shortcut (`SHORTCUTS`): the gate answers its commonest request itself, in one
+    thread hop that checks the token and does the work, without FastAPI's routing and dependency
+    solving (every running job sends a heartbeat every few seconds; dashboards and scripts
+    read jobs; tooling submits them). It is tried first, with a bearer token and forwarded identity
+    off, and for a route with a body only for a JSON body that declares a length of at most
+    `SHORTCUT_BODY_BYTES` (so small it came with the headers; a large one still meets the token check
+    before it is read). A request it declines goes through the checks above and on to the route as any
+    other, with the principal if the shortcut found it: the answers, and their order, are the same.
 
     Routes without a body, once their query is checked, and requests no route matches (404, 405),
     pass unread. The gate also times each request to its first response byte, per route template, for
@@ -243,11 +265,18 @@ class RequestGate:
             loc, message = problem
             return errors.error_response(422, "validation_error", f"invalid request: {loc}: {message}",
                                          fields=[ErrorField(loc=loc, message=message)]), receive
+        principal: Principal | None = None
+        shortcut = SHORTCUTS.get((scope["method"], entry.path))
+        if shortcut is not None:
+            scope[ROUTE_SCOPE_KEY] = entry.path  # the latency metric's label for a request answered here
+            taken, receive = await self._shortcut(shortcut, entry, needs, scope, headers, receive)
+            if isinstance(taken, Response):
+                return taken, receive
+            principal = taken
         if needs.body is None:
             return None, receive
         scope[ROUTE_SCOPE_KEY] = entry.path  # the latency metric's label for a request refused here
-        if needs.token:
-            principal: Principal | None = None
+        if needs.token and principal is None:
             secret = bearer_secret(headers.get("authorization"))
             if self.api.state.settings.forwarded_auth:  # off: not a thread hop more per request
                 try:
@@ -289,6 +318,38 @@ class RequestGate:
                 return errors.error_response(422, code, f"invalid {what}: {exc.loc}: {exc.message}",
                                              fields=[ErrorField(loc=exc.loc, message=exc.message)]), receive
         return None, _replay(body, receive)
+
+    async def _shortcut(self, shortcut: Shortcut, entry: RouteEntry, needs: RouteNeeds, scope: Scope,
+                        headers: Headers, receive: Receive) -> tuple[Response | Principal | None, Receive]:
+        """The shortcut's answer (or a 401 for the token it looked up), else the principal it found, if
+        any, for the checks that follow; with the receive channel they read the body from."""
+        secret = bearer_secret(headers.get("authorization"))
+        matched = entry.regex.match(scope["path"])
+        if secret is None or matched is None or self.api.state.settings.forwarded_auth:
+            return None, receive
+        value: Any = None
+        if needs.body is not None:
+            length = headers.get("content-length", "")
+            if not _is_json(headers.get("content-type", "")) or not length.isdigit() \
+                    or int(length) > SHORTCUT_BODY_BYTES:
+                return None, receive
+            body = await _read_body(receive, SHORTCUT_BODY_BYTES)
+            if body is None:
+                return None, receive
+            receive = _replay(body, receive)
+            try:
+                value = parse_storable_json(body)
+            except (MalformedJson, Unstorable):  # answered after the token check, as without a shortcut
+                return None, receive
+        taken = await shortcut(self.api, ShortcutRequest(matched.groupdict(), scope.get("query_string", b""), secret,
+                                                          headers, value))
+        if taken is None:
+            return None, receive
+        principal, answer = taken
+        if principal is None:
+            return _unauthorized(secret), receive
+        scope[PRINCIPAL_SCOPE_KEY] = principal
+        return answer or principal, receive
 
 
 def _unauthorized(secret: str | None) -> Response:
@@ -383,6 +444,8 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     app.state.analyses = AnalysisPool(settings.profile_workers, settings.profile_queue)
     app.state.planner = PlanRunner.from_settings(settings)
     app.state.engine = engine
+    app.state.known_tokens = KnownTokens()
+    app.state.shortcut_threads = ShortcutThreads(settings.shortcut_threads)
     app.state.sessions = make_sessionmaker(engine)
     app.state.planner.calibration = CalibrationSource(app.state.sessions, min_runs=settings.calibration_min_runs,
                                                       scope=settings.calibration_scope)

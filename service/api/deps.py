@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Mapping
-from typing import Annotated, Any, TypeVar
+from collections.abc import Mapping
+from typing import Annotated, Any
 
 import anyio.to_thread
 from fastapi import Depends, Request
@@ -28,7 +28,6 @@ bearer = HTTPBearer(auto_error=False, description="A shardctl token: shc_<id>_<s
 
 #: Where the request gate (before reading a body) or `get_principal` leaves the principal it authenticated.
 PRINCIPAL_SCOPE_KEY = "shardctl.principal"
-T = TypeVar("T")
 UNAUTHORIZED_HEADERS = {"WWW-Authenticate": "Bearer"}
 MISSING_TOKEN = "missing bearer token: send 'Authorization: Bearer shc_...'"
 BAD_TOKEN = "unknown, revoked or expired token"
@@ -105,13 +104,13 @@ def token_principal(engine: Engine, secret: str, settings: Settings) -> Principa
 
 
 def connection_principal(conn: Connection, secret: str, settings: Settings) -> Principal | None:
-    """`token_principal` on a connection the caller holds (`as_caller`'s, which then does the route's
-    work on it)."""
+    """`token_principal` on a connection the caller holds: a request-gate shortcut's, which then does its
+    route's work on it (`service.api.app.SHORTCUTS`)."""
     return authenticate(conn, secret, job_token_grace_s=settings.job_token_grace_s)
 
 
-def _principal(request: Request, db: sessionmaker[Session], credentials: HTTPAuthorizationCredentials | None,
-               conn: Connection | None = None) -> Principal:
+def _principal(request: Request, db: sessionmaker[Session], credentials: HTTPAuthorizationCredentials | None
+               ) -> Principal:
     settings: Settings = request.app.state.settings
     if settings.forwarded_auth:
         forwarded = forwarded_identity(settings, db, request.headers,
@@ -122,8 +121,7 @@ def _principal(request: Request, db: sessionmaker[Session], credentials: HTTPAut
             return forwarded
     if credentials is None:
         raise ApiError(401, "unauthorized", MISSING_TOKEN, headers=UNAUTHORIZED_HEADERS)
-    principal = (connection_principal(conn, credentials.credentials, settings) if conn is not None
-                 else token_principal(request.app.state.engine, credentials.credentials, settings))
+    principal = token_principal(request.app.state.engine, credentials.credentials, settings)
     if principal is None:
         raise ApiError(401, "unauthorized", BAD_TOKEN, headers=UNAUTHORIZED_HEADERS)
     request.scope[PRINCIPAL_SCOPE_KEY] = principal  # for the access log (`service.api.access_log`)
@@ -131,27 +129,6 @@ def _principal(request: Request, db: sessionmaker[Session], credentials: HTTPAut
 
 
 Caller = Annotated[Principal, Depends(get_principal)]
-Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
-
-
-async def as_caller(request: Request, credentials: HTTPAuthorizationCredentials | None,
-                    work: Callable[[Connection, Principal], T]) -> T:
-    """`work` on one connection outside a transaction (`one_statement`), for the caller `get_principal`
-    finds: a bearer token is looked up on that connection, so the token check and the read take one
-    worker thread and one connection. A forwarded identity, which may write (the user's team), is
-    settled first on connections of its own: on SQLite `one_statement` holds the write lock."""
-    state = request.app.state
-
-    def run() -> T:
-        known = request.scope.get(PRINCIPAL_SCOPE_KEY)
-        if not isinstance(known, Principal) and state.settings.forwarded_auth:
-            known = _principal(request, state.sessions, credentials)
-        with one_statement(state.engine) as conn:
-            principal = known if isinstance(known, Principal) \
-                else _principal(request, state.sessions, credentials, conn)
-            return work(conn, principal)
-
-    return await anyio.to_thread.run_sync(run)
 
 
 async def require_admin(principal: Caller) -> Principal:

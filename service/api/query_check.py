@@ -4,7 +4,7 @@ FastAPI ignores a query parameter a route does not take, and reads `?type=a&type
 that takes one value, as `type=b`. Either way the request succeeds as if part of it had not been
 written: `GET /v1/jobs?stauts=FAILED` listed every job. The request gate (`RequestGate` in
 `service.api.app`) refuses such a request with the 422 of an invalid parameter, naming it and what
-the route takes, before the route sees it. Unknown parameters are refused on the JSON API
+the route takes, before any shortcut or route sees it. Unknown parameters are refused on the JSON API
 (`/v1/...`) only: the dashboard's pages and the probes keep the browser's and the monitors' leeway.
 Parameters that take a list (`status` of `GET /v1/jobs`) are repeated on purpose and are left alone.
 """

@@ -31,6 +31,7 @@ from service.scheduling.model import TeamQuota
 from service.settings import Settings
 from service.spec import TrainingSpec
 from service.store.jobs import NewJob, body_hash, find_idempotent, idempotency_scope, visible_job
+from service.store.known_tokens import LiveValues
 from service.store.pools import SourcedPool, effective_pools, in_effect, managed, matching
 from service.store.submissions import QueuedJob, SubmittingTeam, insert_jobs, submitting_team
 from service.store.tokens import NotFound, Principal, no_such_team
@@ -256,10 +257,11 @@ def check_runnable(spec: TrainingSpec, result: Plan) -> None:
                        fields=[ErrorField(loc=loc, message=message) for loc, message in refused.fields])
 
 
-def resolve_team(session: Session, name: str) -> SubmittingTeam:
+def resolve_team(session: Session, name: str, live: LiveValues | None = None) -> SubmittingTeam:
     """The team `name` and what a submission checks of it. Only the default team appears by itself;
-    other teams are created on purpose (POST /v1/teams): `NotFound` naming the fix."""
-    team = submitting_team(session, name, create=name == DEFAULT_TEAM)
+    other teams are created on purpose (POST /v1/teams): `NotFound` naming the fix. With `live`, the
+    read checks the submitter's token too (`submitting_team`: `Unproven`)."""
+    team = submitting_team(session, name, create=name == DEFAULT_TEAM, live=live)
     if team is None:
         raise no_such_team(name)
     return team
@@ -267,11 +269,14 @@ def resolve_team(session: Session, name: str) -> SubmittingTeam:
 
 def submit_job(db: sessionmaker[Session], principal: Principal, spec: TrainingSpec,
                idempotency_key: str | None, configured: Collection[str] | None, planner: PlanRunner,
-               *, local_gpus: str | None = None) -> Submitted:
+               *, local_gpus: str | None = None, live: LiveValues | None = None) -> Submitted:
     """Plan and queue `spec`; the answer carries the response body. Everything the job needs is
     checked and written in one transaction (priority limit, pools, team, job, event, idempotency key),
     committed before this returns; planning comes first, outside it (cached, on `planner`'s threads).
     A request with an `Idempotency-Key` first looks the key up in a transaction of its own.
+
+    `live` (`known_tokens.live_values`, without an `Idempotency-Key`): `principal` comes from
+    `KnownTokens`, and the transaction's read of the team checks its token (`Unproven`: nothing stored).
 
     Raises `ApiError` 403 when a member names another team or sets a priority above the team's
     `max_priority`, 422 when the spec's backend is not configured or no layout fits (with the
@@ -282,6 +287,8 @@ def submit_job(db: sessionmaker[Session], principal: Principal, spec: TrainingSp
     """
     check_backend(spec, configured)
     team_name = team_of(principal, spec)
+    if live is not None and idempotency_key is not None:
+        raise ValueError("with an Idempotency-Key the token is checked first: the replay is read before the team")
     if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_KEY:
         raise ApiError(400, "bad_request", f"Idempotency-Key must be 1 to {MAX_KEY} characters")
     idem = None
@@ -296,7 +303,7 @@ def submit_job(db: sessionmaker[Session], principal: Principal, spec: TrainingSp
     stored_spec = spec.model_copy(update={"team": team_name})
     try:
         with db.begin() as session:
-            team = check_in_store(session, principal, spec, result, team_name, local_gpus)
+            team = check_in_store(session, principal, spec, result, team_name, local_gpus, live)
             [job] = insert_jobs(session, [NewJob(team=team, spec=stored_spec, plan=result)], actor=principal.actor,
                                 idempotency=idem)
             return Submitted(job.id, True, encoded(new_job_out(job)), job.team_name)
@@ -311,10 +318,10 @@ def submit_job(db: sessionmaker[Session], principal: Principal, spec: TrainingSp
 
 
 def check_in_store(session: Session, principal: Principal, spec: TrainingSpec, result: Plan, team_name: str,
-                   local_gpus: str | None) -> SubmittingTeam:
+                   local_gpus: str | None, live: LiveValues | None = None) -> SubmittingTeam:
     """The checks of a submission that read the store, in `session`: the team exists (`NotFound`), the
     priority is within its limit (403), the backend's pools can run the plan (422). Returns the team."""
-    team = resolve_team(session, team_name)
+    team = resolve_team(session, team_name, live)
     check_priority(principal, team, spec.priority)
     check_pools(session, spec, result, local_gpus, pools=in_effect(team.pools, local_gpus))
     return team

@@ -33,6 +33,7 @@ from service.backend_options import BackendKind
 from service.lifecycle import SUBMITTED, TERMINAL
 from service.planner.result import Plan
 from service.spec import TrainingSpec
+from service.store.driver_select import DriverSelect, driver_reads
 from service.store.event_feed import committed_horizon
 from service.store.job_sort import (
     DEFAULT_SORT,
@@ -45,6 +46,7 @@ from service.store.job_sort import (
     cursor_values,
     segments,
 )
+from service.store.known_tokens import TOKEN_LIVE, LiveValues, Unproven
 from service.store.models import Attempt, Event, IdempotencyKey, Job, Measurement, Team, as_utc
 from service.store.queue_view import invalidate as invalidate_queue_view
 from service.store.states import add_event, transition
@@ -193,6 +195,8 @@ def _detail_in_one() -> Select[Any]:
 
 
 _DETAIL_IN_ONE = _detail_in_one()
+#: `job_detail`'s first statement for a principal from `KnownTokens`: it checks the token too.
+_DETAIL_JOB_CHECKED, _DETAIL_IN_ONE_CHECKED = _DETAIL_JOB.where(TOKEN_LIVE), _DETAIL_IN_ONE.where(TOKEN_LIVE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,18 +211,27 @@ class JobDetail:
     measured: Sequence[Any]
 
 
-def job_detail(conn: Connection, principal: Principal, job_id: int) -> JobDetail:
+def job_detail(conn: Connection, principal: Principal, job_id: int, live: LiveValues | None = None
+               ) -> JobDetail:
     """The job with its attempts and newest measurements if `principal` may see it (`can_see`), else
     `NotFound`. Core reads with no ORM objects, run in `one_statement` (autocommit on PostgreSQL). On
-    PostgreSQL one statement (`_DETAIL_IN_ONE`); on SQLite three, in `one_statement`'s transaction."""
-    params = {"job_id": job_id}
+    PostgreSQL one statement (`_DETAIL_IN_ONE`); on SQLite three, in `one_statement`'s transaction.
+
+    `live` (`known_tokens.live_values`): `principal` comes from `KnownTokens`, and the first statement
+    checks that its token works (`TOKEN_LIVE`); `Unproven` when it returns no row (no such job, or a
+    token that no longer works: the caller authenticates the token and reads again)."""
+    params: dict[str, Any] = {"job_id": job_id} if live is None else {"job_id": job_id, **live}
     if conn.dialect.name == "postgresql":
-        row = conn.execute(_DETAIL_IN_ONE, params).first()
+        row = conn.execute(_DETAIL_IN_ONE if live is None else _DETAIL_IN_ONE_CHECKED, params).first()
+        if row is None and live is not None:
+            raise Unproven
         if row is None or not can_see(principal, row):
             raise NotFound(f"no job {job_id}")
         return JobDetail(row, row.team_name, [AttemptShown.from_json(a) for a in row.attempts_json or ()],
                          [MeasuredShown.from_json(m) for m in row.measured_json or ()])
-    job = conn.execute(_DETAIL_JOB, params).first()
+    job = conn.execute(_DETAIL_JOB if live is None else _DETAIL_JOB_CHECKED, params).first()
+    if job is None and live is not None:
+        raise Unproven
     if job is None or not can_see(principal, job):
         raise NotFound(f"no job {job_id}")
     return JobDetail(job, job.team_name, conn.execute(_DETAIL_ATTEMPTS, {"job_id": job_id}).all(),
@@ -300,30 +313,45 @@ _SUMMARY_COLUMNS = _summary_columns()
 
 
 def list_job_rows(conn: Connection, principal: Principal, filters: JobFilter, *, limit: int = 50,
-                  cursor: JobCursor | None = None, sort: JobSort = DEFAULT_SORT
-                  ) -> tuple[list[Any], JobCursor | None]:
+                  cursor: JobCursor | None = None, sort: JobSort = DEFAULT_SORT,
+                  live: LiveValues | None = None) -> tuple[list[Any], JobCursor | None]:
     """`list_jobs`' page as rows of the list's columns (`team_name` among them), without an ORM
-    session or an object per job: what `GET /v1/jobs` answers with. Most sorts are one statement; run
-    it in `one_statement`. A sort read in several statements (`finished`, `team` across teams: see
-    `segments`) sees what had committed when each started, as a READ COMMITTED transaction would."""
-    return _page(conn, _SUMMARY_COLUMNS, principal, filters, limit, cursor, sort)
+    session or an object per job: what `GET /v1/jobs` answers with. On PostgreSQL most pages are read
+    through the driver's cursor (`DriverSelect`): their `status` and `backend` are then the stored
+    strings (which equal the enums), not the enums. Most sorts are one statement; run it in
+    `one_statement`. A sort read in several statements (`finished`, `team` across teams: see
+    `segments`) sees what had committed when each started, as a READ COMMITTED transaction would.
+
+    `live` (`known_tokens.live_values`): `principal` comes from `KnownTokens`, and the page's statement
+    checks that its token works (`TOKEN_LIVE`); `Unproven` when it returns no row (an empty page, or a
+    token that no longer works), or when the page takes several statements."""
+    return _page(conn, _SUMMARY_COLUMNS, principal, filters, limit, cursor, sort, live)
 
 
 def _page(source: Session | Connection, base: Select[*Row], principal: Principal, filters: JobFilter, limit: int,
-          cursor: JobCursor | None, sort: JobSort) -> tuple[list[Any], JobCursor | None]:
+          cursor: JobCursor | None, sort: JobSort, live: LiveValues | None = None
+          ) -> tuple[list[Any], JobCursor | None]:
     """`list_jobs` over `base` (`_JOBS` or `_SUMMARY_COLUMNS`): ORM objects on a Session, else rows with
     `team_name` on a Connection. The statements come from `_page_statements`, built once per shape of
-    request, and run with this request's values."""
+    request, and run with this request's values; with `live`, see `list_job_rows`."""
     limit = max(1, min(limit, MAX_PAGE))
     names, values = _filter_values(principal, filters)
     values.update(cursor_values(cursor))
     after = After.of(cursor)
     if sort.field is SortField.TEAM and principal.role == Role.ADMIN and not filters.team:
+        if live is not None:
+            raise Unproven  # several statements: a token that stopped working between them would cut the page short
         teams = _teams_from(source, sort, cursor)  # a statement per team: built for this request
         team = cursor.value if cursor is not None and isinstance(cursor.value, str) else None
         pages = _statements(base, principal.role, names, segments(sort, after, teams=teams, cursor_team=team))
+        driver = False
     else:
-        pages = _page_statements(base, principal.role, names, sort, after)
+        pages = _page_statements(base, principal.role, names, sort, after, live is not None)
+        if live is not None:
+            if len(pages) != 1:
+                raise Unproven
+            values.update(live)
+        driver = isinstance(source, Connection) and driver_reads(source)  # built once: compiled once too
     rows: list[Any] = []
     for page in pages:
         if len(rows) > limit:
@@ -331,8 +359,12 @@ def _page(source: Session | Connection, base: Select[*Row], principal: Principal
         params = {**values, "limit": limit + 1 - len(rows)}
         if isinstance(source, Session):
             rows += source.scalars(page, params)
+        elif driver and (read := DriverSelect.for_dialect(page, source.dialect)) is not None:
+            rows += read.rows(source, params)
         else:
             rows += source.execute(page, params).all()
+    if not rows and live is not None:
+        raise Unproven
     if len(rows) <= limit:
         return rows, None
     last = rows[limit - 1]
@@ -341,17 +373,20 @@ def _page(source: Session | Connection, base: Select[*Row], principal: Principal
 
 @functools.lru_cache(maxsize=1024)
 def _page_statements(base: Select[*Row], role: Role, names: frozenset[str], sort: JobSort,
-                     after: After) -> tuple[Select[*Row], ...]:
+                     after: After, checked: bool = False) -> tuple[Select[*Row], ...]:
     """The statements of a page: built once for each shape of request, where building one took as
     long as running it (and SQLAlchemy then matched a new statement's columns to its cached compiled
     form on every execution). Every value is a bind parameter with no value of its own, so a run that
-    left one out would fail, never reuse another request's."""
-    return _statements(base, role, names, segments(sort, after))
+    left one out would fail, never reuse another request's. `checked`: each also checks the token
+    (`TOKEN_LIVE`)."""
+    return _statements(base, role, names, segments(sort, after), checked)
 
 
 def _statements(base: Select[*Row], role: Role, names: frozenset[str],
-                parts: list[Segment]) -> tuple[Select[*Row], ...]:
+                parts: list[Segment], checked: bool = False) -> tuple[Select[*Row], ...]:
     stmt = _filtered(base, role, names)
+    if checked:
+        stmt = stmt.where(TOKEN_LIVE)
     return tuple(stmt.where(*where).order_by(*order).limit(bindparam("limit")) for where, order in parts)
 
 
@@ -446,38 +481,49 @@ def add_measurement(session: Session, principal: Principal, job: Job, kind: Meas
     return row
 
 
-def _heartbeat_insert(*, team: bool) -> Insert:
-    """INSERT INTO measurements ... SELECT FROM jobs WHERE id = :job_id [AND team_id = :team_id]."""
+def _heartbeat_insert(*, team: bool, checked: bool = False) -> Insert:
+    """INSERT INTO measurements ... SELECT FROM jobs WHERE id = :job_id [AND team_id = :team_id]
+    [AND the token works: `TOKEN_LIVE`]."""
     jobs, measurements = Job.__table__, Measurement.__table__
     source = select(jobs.c.id, bindparam("kind", type_=measurements.c.kind.type),
                     bindparam("at", type_=measurements.c.at.type),
                     bindparam("data", type_=measurements.c.data.type)).where(jobs.c.id == bindparam("job_id"))
     if team:
         source = source.where(jobs.c.team_id == bindparam("team_id"))
+    if checked:
+        source = source.where(TOKEN_LIVE)
     return insert(Measurement).from_select(["job_id", "kind", "at", "data"], source).returning(Measurement.id)
 
 
-#: Built once (a running job sends one every few seconds): for admins and job tokens, and for members.
-_HEARTBEAT, _TEAM_HEARTBEAT = _heartbeat_insert(team=False), _heartbeat_insert(team=True)
+#: Built once (a running job sends one every few seconds): for admins and job tokens, and for members;
+#: each also checking the token, for a principal from `KnownTokens`.
+_HEARTBEAT, _HEARTBEAT_CHECKED = _heartbeat_insert(team=False), _heartbeat_insert(team=False, checked=True)
+_TEAM_HEARTBEAT, _TEAM_HEARTBEAT_CHECKED = _heartbeat_insert(team=True), _heartbeat_insert(team=True, checked=True)
 
 
-def add_heartbeat(conn: Connection, principal: Principal, job_id: int, data: dict[str, Any], *, at: datetime
-                  ) -> None:
+def add_heartbeat(conn: Connection, principal: Principal, job_id: int, data: dict[str, Any], *, at: datetime,
+                  live: LiveValues | None = None) -> None:
     """Store a heartbeat of job `job_id` with `data` at `at`. The same rule as
     `visible_job`: a job the principal may not see, or that does not exist, is `NotFound` and nothing is
     stored. One statement and no job loaded (a heartbeat comes from every running job every few
     seconds): the row is inserted from the job's row, which the principal's rule filters. No event,
     as `add_measurement` writes none for a heartbeat. `conn` is a Core connection (one statement: it
-    needs no transaction, see `service.store.db.one_statement`)."""
+    needs no transaction, see `service.store.db.one_statement`).
+
+    `live` (`known_tokens.live_values`): `principal` comes from `KnownTokens`, and the insert checks
+    that its token works (`TOKEN_LIVE`); `Unproven`, not `NotFound`, whenever nothing is stored (the
+    caller authenticates the token and goes again)."""
+    missing: Exception = NotFound(f"no job {job_id}") if live is None else Unproven()
     if principal.role == Role.JOB and principal.job_id != job_id:
-        raise NotFound(f"no job {job_id}")
-    values = {"kind": MeasurementKind.HEARTBEAT, "at": at, "data": data, "job_id": job_id}
+        raise missing
+    values = {"kind": MeasurementKind.HEARTBEAT, "at": at, "data": data, "job_id": job_id, **(live or {})}
     if principal.role == Role.MEMBER:
-        stored = conn.execute(_TEAM_HEARTBEAT, {**values, "team_id": principal.team_id}).first()
+        insert_team = _TEAM_HEARTBEAT if live is None else _TEAM_HEARTBEAT_CHECKED
+        stored = conn.execute(insert_team, {**values, "team_id": principal.team_id}).first()
     else:
-        stored = conn.execute(_HEARTBEAT, values).first()
+        stored = conn.execute(_HEARTBEAT if live is None else _HEARTBEAT_CHECKED, values).first()
     if stored is None:
-        raise NotFound(f"no job {job_id}")
+        raise missing
 
 
 def latest_measurements(source: Session | Connection, job_id: int) -> list[Any]:

@@ -21,6 +21,7 @@ from service.backend_options import BackendKind
 from service.planner.result import Plan
 from service.spec import TrainingSpec
 from service.store.jobs import NewJob
+from service.store.known_tokens import TOKEN_LIVE, LiveValues, Unproven
 from service.store.models import Event, IdempotencyKey, Job, PoolRow, Team, TeamQuotaRow, utcnow
 from service.store.pools import SourcedPool
 from service.store.tokens import ensure_team
@@ -35,6 +36,8 @@ QUEUED_KIND = EventKind.status(JobStatus.QUEUED)
 _TEAM = (select(Team.id, Team.name, TeamQuotaRow.quota, subscribed(Team.id), PoolRow.pool, PoolRow.source)
          .outerjoin(TeamQuotaRow, TeamQuotaRow.team_id == Team.id).outerjoin(PoolRow, true())
          .where(Team.name == bindparam("name")).order_by(PoolRow.name))
+#: `_TEAM` for a principal from `KnownTokens`: it checks the token too (`TOKEN_LIVE`).
+_TEAM_CHECKED = _TEAM.where(TOKEN_LIVE)
 _INSERT_JOBS = insert(Job).returning(Job.id, sort_by_parameter_order=True)
 _INSERT_EVENTS = insert(Event).returning(Event.id, sort_by_parameter_order=True)
 # The keys of `_queued_values`: tests/api/test_batch_submit.py fails on PostgreSQL when they part.
@@ -65,12 +68,22 @@ class SubmittingTeam:
     pools: tuple[SourcedPool, ...]
 
 
-def submitting_team(session: Session, name: str, *, create: bool = False) -> SubmittingTeam | None:
+def submitting_team(session: Session, name: str, *, create: bool = False,
+                    live: LiveValues | None = None) -> SubmittingTeam | None:
     """The team `name` with its quota's `max_priority`, whether a webhook gets its events and the
     stored pools, in one read; None when there is no such team, unless `create`: then it is created
     first (`ensure_team`, safe against a racing request). Within the transaction, `enqueue` reads no
-    subscriptions of a team found unsubscribed here."""
-    rows = session.connection().execute(_TEAM, {"name": name}).all()
+    subscriptions of a team found unsubscribed here.
+
+    `live` (`known_tokens.live_values`): the submitter comes from `KnownTokens`, and the read checks
+    that its token works (`TOKEN_LIVE`); `Unproven` when it returns no row (no such team, or a token
+    that no longer works: nothing is created, and the caller authenticates the token and submits again)."""
+    if live is not None:
+        rows = session.connection().execute(_TEAM_CHECKED, {"name": name, **live}).all()
+        if not rows:
+            raise Unproven
+    else:
+        rows = session.connection().execute(_TEAM, {"name": name}).all()
     if not rows and create:
         ensure_team(session, name)
         rows = session.connection().execute(_TEAM, {"name": name}).all()

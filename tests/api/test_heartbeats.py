@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import update
 
+from service.api.app import SHORTCUT_BODY_BYTES
 from service.store.models import Job, utcnow
 from service.store.tokens import revoke_token
 from tests.connection_counts import counted
@@ -94,23 +95,25 @@ def test_a_heartbeat_no_database_can_keep_is_a_422_and_stores_nothing(env: Env, 
     assert env.client.get(f"/v1/jobs/{job_id}", headers=admin).json()["measurements"] == {}
 
 
-def test_a_heartbeat_looks_its_token_up_once(env: Env, admin: dict[str, str],
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """The request gate checks the token before it reads the body and hands the principal to the route,
-    which inserts the heartbeat in one statement. Logged with the job token's id."""
+# --- the request gate's shortcut (`service.api.app.SHORTCUTS`, `jobs.heartbeat_shortcut`) -------------
+
+def test_a_heartbeat_is_one_token_lookup_on_one_connection(env: Env, admin: dict[str, str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The token check and the insert share one connection (one thread hop): the gate's own token check
+    and the route would take one each. Logged with the job token's id, as the route's request is."""
     job_id = _job(env, admin)
     secret = env.token("job", job_id=job_id)
     with counted(env, monkeypatch) as counts, captured_logs() as logs:
         r = env.client.post(f"/v1/jobs/{job_id}/measurements", json=BEAT, headers=env.headers(secret))
     assert r.status_code == 201, r.text
-    assert counts == {"lookups": 1, "checkouts": 2}
+    assert counts == {"lookups": 1, "checkouts": 1}
     [line] = logs.records("shardctl.access")
     assert (line["route"], line["status"], line["principal"]) == \
         ("/v1/jobs/{job_id}/measurements", 201, secret.split("_", 2)[1])
     assert env.client.get(f"/v1/jobs/{job_id}", headers=admin).json()["measurements"]["heartbeat"] == r.json()
 
 
-def test_a_heartbeat_of_a_member_or_of_another_job_is_refused_with_one_token_lookup(
+def test_a_heartbeat_the_shortcut_declines_gets_the_routes_answer_with_one_token_lookup(
         env: Env, admin: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     """A member's token (403) and another job's id (404) are found out after the token was looked up:
     the gate keeps the principal for the route instead of looking it up again. Nothing is stored."""
@@ -126,9 +129,9 @@ def test_a_heartbeat_of_a_member_or_of_another_job_is_refused_with_one_token_loo
         assert env.client.get(f"/v1/jobs/{job_id}", headers=admin).json()["measurements"] == {}
 
 
-def test_the_token_is_answered_before_the_body(env: Env, admin: dict[str, str]) -> None:
-    """A bad token is a 401 whatever the body holds (malformed, or not a heartbeat), as for any route:
-    the gate looks at the token first; then the body's and the path's own errors."""
+def test_the_token_is_answered_before_the_body_with_or_without_the_shortcut(env: Env, admin: dict[str, str]) -> None:
+    """A bad token is a 401 whatever the body holds, as for any route: a body the shortcut cannot read
+    (malformed, or not a heartbeat) goes to the gate's checks, which look at the token first."""
     job_id = _job(env, admin)
     bogus = {"Authorization": "Bearer shc_0123456789abcdef_not-a-real-secret", "Content-Type": "application/json"}
     for body in (json.dumps(BEAT).encode(), b'{"kind": "heartbeat", "data": ', b'{"kind": "report", "data": {}}',
@@ -143,20 +146,21 @@ def test_the_token_is_answered_before_the_body(env: Env, admin: dict[str, str]) 
     r = env.client.post(f"/v1/jobs/{job_id}/measurements", json={"kind": "heartbeat", "data": [1, 2]}, headers=token)
     assert r.status_code == 422 and r.json()["error"]["fields"][0]["loc"] == "data", r.text
     for path in ("/v1/jobs/0/measurements", "/v1/jobs/x/measurements", f"/v1/jobs/{2**63}/measurements"):
-        r = env.client.post(path, json=BEAT, headers=token)
+        r = env.client.post(path, json=BEAT, headers=token)  # ids the shortcut leaves to the route's `JobId`
         assert r.status_code == 422 and r.json()["error"]["fields"][0]["loc"] == "path.job_id", (path, r.text)
     assert env.client.get(f"/v1/jobs/{job_id}", headers=admin).json()["measurements"] == {}
     r = env.client.post(f"/v1/jobs/0{job_id}/measurements", json=BEAT, headers=token)
     assert r.status_code == 201, r.text  # the route reads a leading zero as `JobId` always did
 
 
-def test_a_large_heartbeat_or_one_sent_chunked_is_stored_alike(env: Env, admin: dict[str, str]) -> None:
-    """A heartbeat of several KiB, or without a Content-Length, is stored as a small one is: the answer
-    has the same shape, headers and media type."""
+def test_a_heartbeat_too_large_for_the_shortcut_or_sent_chunked_is_stored_by_the_route_alike(
+        env: Env, admin: dict[str, str]) -> None:
+    """Over `SHORTCUT_BODY_BYTES`, or without a Content-Length, the route stores the heartbeat: the
+    answer has the same shape, headers and media type as the shortcut's."""
     job_id = _job(env, admin)
     token = env.headers(env.token("job", job_id=job_id))
     small = env.client.post(f"/v1/jobs/{job_id}/measurements", json=BEAT, headers=token)
-    large_beat = {"kind": "heartbeat", "data": {**BEAT["data"], "note": "x" * 8192}}
+    large_beat = {"kind": "heartbeat", "data": {**BEAT["data"], "note": "x" * SHORTCUT_BODY_BYTES}}
     large = env.client.post(f"/v1/jobs/{job_id}/measurements", json=large_beat, headers=token)
     chunked = env.client.post(f"/v1/jobs/{job_id}/measurements", content=iter([json.dumps(BEAT).encode()]),
                               headers={**token, "Content-Type": "application/json"})

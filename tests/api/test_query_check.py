@@ -1,5 +1,5 @@
 """An API route's query string holds only parameters it takes, each single-valued one once: anything
-else is the request gate's 422 naming the parameter, before any token check or route. List
+else is the request gate's 422 naming the parameter, before any shortcut, token check or route. List
 parameters repeat; the dashboard's pages and the probes are not checked."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from tests.specs import tiny
 @pytest.mark.parametrize("url, name", [
     ("/v1/events?type=&type=", "type"),  # what schemathesis sent for `type=[{}, []]`, once answered 200
     ("/v1/events?type=job.queued&type=job.failed", "type"),
-    ("/v1/jobs?team=alpha&team=beta", "team"),
+    ("/v1/jobs?team=alpha&team=beta", "team"),  # the list's shortcut declines it; the route refuses it
     ("/v1/jobs?limit=5&status=QUEUED&limit=6", "limit"),
 ])
 def test_a_single_valued_parameter_given_twice_is_refused_by_name(env: Env, admin: dict[str, str], url: str,
@@ -27,7 +27,7 @@ def test_a_single_valued_parameter_given_twice_is_refused_by_name(env: Env, admi
 
 def test_a_parameter_the_route_does_not_take_is_refused_by_name(env: Env, admin: dict[str, str]) -> None:
     """`?stauts=FAILED` once listed every job; now it names the typo and what the route takes, on the
-    busiest routes (the list, a job, a submission, a heartbeat) as on the others."""
+    routes with a shortcut (the list, a job, a submission, a heartbeat) as on the others."""
     job = env.client.post("/v1/jobs", json=tiny(name="one"), headers=admin).json()
     listed = env.client.get("/v1/jobs?stauts=FAILED", headers=admin)
     assert listed.status_code == 422, listed.text

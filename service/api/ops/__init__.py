@@ -10,6 +10,6 @@ output model or raises what the API answers: `ApiError`, or the store's `NotFoun
 `service.api.errors` renders as 404/409. So every transport applies the same checks, visibility and
 words, and the dashboard imports no route module.
 
-The submit path, which the single and the batch routes share, is
+The submit path, which the batch route and the request gate's shortcut share too, is
 `service.api.submission`.
 """
