@@ -33,7 +33,6 @@ from service.backend_options import BackendKind
 from service.lifecycle import SUBMITTED, TERMINAL
 from service.planner.result import Plan
 from service.spec import TrainingSpec
-from service.store.driver_select import DriverSelect, driver_reads
 from service.store.event_feed import committed_horizon
 from service.store.job_sort import (
     DEFAULT_SORT,
@@ -316,10 +315,8 @@ def list_job_rows(conn: Connection, principal: Principal, filters: JobFilter, *,
                   cursor: JobCursor | None = None, sort: JobSort = DEFAULT_SORT,
                   live: LiveValues | None = None) -> tuple[list[Any], JobCursor | None]:
     """`list_jobs`' page as rows of the list's columns (`team_name` among them), without an ORM
-    session or an object per job: what `GET /v1/jobs` answers with. On PostgreSQL most pages are read
-    through the driver's cursor (`DriverSelect`): their `status` and `backend` are then the stored
-    strings (which equal the enums), not the enums. Most sorts are one statement; run it in
-    `one_statement`. A sort read in several statements (`finished`, `team` across teams: see
+    session or an object per job: what `GET /v1/jobs` answers with. Most sorts are one statement; run
+    it in `one_statement`. A sort read in several statements (`finished`, `team` across teams: see
     `segments`) sees what had committed when each started, as a READ COMMITTED transaction would.
 
     `live` (`known_tokens.live_values`): `principal` comes from `KnownTokens`, and the page's statement
@@ -344,14 +341,12 @@ def _page(source: Session | Connection, base: Select[*Row], principal: Principal
         teams = _teams_from(source, sort, cursor)  # a statement per team: built for this request
         team = cursor.value if cursor is not None and isinstance(cursor.value, str) else None
         pages = _statements(base, principal.role, names, segments(sort, after, teams=teams, cursor_team=team))
-        driver = False
     else:
         pages = _page_statements(base, principal.role, names, sort, after, live is not None)
         if live is not None:
             if len(pages) != 1:
                 raise Unproven
             values.update(live)
-        driver = isinstance(source, Connection) and driver_reads(source)  # built once: compiled once too
     rows: list[Any] = []
     for page in pages:
         if len(rows) > limit:
@@ -359,8 +354,6 @@ def _page(source: Session | Connection, base: Select[*Row], principal: Principal
         params = {**values, "limit": limit + 1 - len(rows)}
         if isinstance(source, Session):
             rows += source.scalars(page, params)
-        elif driver and (read := DriverSelect.for_dialect(page, source.dialect)) is not None:
-            rows += read.rows(source, params)
         else:
             rows += source.execute(page, params).all()
     if not rows and live is not None:
