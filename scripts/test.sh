@@ -32,11 +32,10 @@ echo "== pytest"
 if [ "$#" -eq 0 ] && [ -n "${SHARDCTL_TEST_SLURM:-}" ]; then
   # The Slurm tests spend most of their time waiting on the cluster (scheduling, KillWait, requeues):
   # they run beside the rest, in a session of their own, and their report follows the main one.
-  # SHARDCTL_TEST_WORKERS=2 runs the rest on two pytest-xdist workers (each with its own PostgreSQL
-  # database): 15.5 instead of 23.5 min here, but on two cores one test of live log following timed
-  # out in one run of four, so one plain session stays the default.
-  workers=()
-  if [ "${SHARDCTL_TEST_WORKERS:-1}" -gt 1 ]; then workers=(-n "$SHARDCTL_TEST_WORKERS" --dist worksteal); fi
+  # The rest runs on SHARDCTL_TEST_WORKERS pytest-xdist workers (default 2, each with its own
+  # PostgreSQL database; 1: one plain session).
+  workers=() n_workers=${SHARDCTL_TEST_WORKERS:-2}
+  if [ "$n_workers" -gt 1 ]; then workers=(-n "$n_workers" --dist worksteal); fi
   slurm_log=$(mktemp)
   .venv/bin/pytest tests/slurm -p no:cacheprovider >"$slurm_log" 2>&1 &
   slurm_pid=$!
