@@ -13,11 +13,9 @@ folder's atomic rename is the one claim on the name: the same name is never run 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -267,17 +265,10 @@ class LocalBackend:
         if not folder.exists() or (folder / "exit.json").exists():
             return
         (folder / "cancel.flag").touch(mode=0o600)
-        state_file = folder / "state.json"
-        if state_file.exists():
-            try:
-                pgid = int(_json(state_file)["pgid"])
-            except (OSError, ValueError, TypeError, KeyError):
-                return
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGTERM)
+        local_preemption.signal_supervisor(folder)
 
     def preempt(self, handle: Handle, grace_s: float) -> None:
-        """SIGTERM to the attempt's process group now; its supervisor SIGKILLs what is left after `grace_s`
+        """SIGTERM to the attempt's supervisor now, which passes it on and SIGKILLs what is left after `grace_s`
         (`local_preemption`). Idempotent; the attempt then ends as `preempted`."""
         local_preemption.request(self._dir(handle.name), grace_s)
 

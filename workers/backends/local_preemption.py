@@ -1,8 +1,8 @@
 """Preempting a local attempt with notice: SIGTERM now, SIGKILL after the grace period.
 
 The service asks (`request`): it writes `preempt.json` (`{"grace_s", "requested_at"}`) into the
-attempt folder and sends SIGTERM to the supervisor's process group. The detached supervisor does
-the rest, so the service may restart meanwhile: it forwards SIGTERM to its agents (torchrun passes
+attempt folder and sends SIGTERM to the supervisor (`signal_supervisor`). The detached supervisor does
+the rest, so the service may restart meanwhile: it forwards SIGTERM to its agents, once each (torchrun passes
 it on to every rank; the built-in runtime then finishes its step, writes a checkpoint and exits
 with `service.jobenv.PREEMPTED_EXIT_CODE`), and if anything of the attempt is still alive
 `grace_s` later, it SIGKILLs every process below it (`kill_descendants`: torchrun's ranks run in
@@ -38,25 +38,31 @@ class PreemptRequest(BaseModel):
 
 
 def request(attempt: Path, grace_s: float) -> bool:
-    """Record the notice and signal the attempt's process group, once: a repeated request neither
-    restarts the grace period nor signals again (torchrun's agent, in that group, exits at once on a
-    second SIGTERM and leaves its ranks behind). False when the attempt is over or unknown."""
+    """Record the notice (the first one stands: a repeated request does not restart the grace period)
+    and signal the supervisor (`signal_supervisor`). Repeating it is safe, and is how a notice lost
+    to a crash between the two is given again. False when the attempt is over or unknown."""
     if not attempt.exists() or (attempt / "exit.json").exists():
         return False
     body = PreemptRequest(grace_s=grace_s, requested_at=time.time()).model_dump_json()
-    try:
+    with contextlib.suppress(FileExistsError):
         fd = os.open(attempt / PREEMPT_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return True
-    with os.fdopen(fd, "w") as fh:
-        fh.write(body)
-    try:
-        pgid = int(json.loads(jobfiles.read_small_text(attempt / "state.json"))["pgid"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return True  # the supervisor has not started its children: it reads preempt.json before it does
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGTERM)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(body)
+    signal_supervisor(attempt)  # not started yet: it reads preempt.json before it starts anything
     return True
+
+
+def signal_supervisor(attempt: Path) -> None:
+    """SIGTERM to the attempt's supervisor alone (a cancel's or a notice's), which passes it on to
+    each of its children once: the agents' process group is not signalled, because torchrun's agent
+    exits at once on a second SIGTERM and leaves its ranks behind. Nothing when the supervisor has
+    not written its pid yet."""
+    try:
+        pid = int(json.loads(jobfiles.read_small_text(attempt / "state.json"))["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
 
 
 def requested(attempt: Path) -> PreemptRequest | None:

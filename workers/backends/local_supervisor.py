@@ -14,6 +14,7 @@ the job token, state.json, the node logs) stays the server's, 0600.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,19 +175,32 @@ class RunAs:
 PASS_THROUGH = 0o711
 
 
-def follow_sigterm(act: Callable[[], None]) -> None:
-    """Call `act` on a thread of its own once for each SIGTERM the process gets. The handler only
-    writes a byte to a pipe: `act` takes locks (a file read's thread pool, a timer's start), which a
-    second SIGTERM arriving while the first one's `act` ran on the main thread found held, and the
-    supervisor hung in its own handler with the job running on."""
+def follow_sigterm(act: Callable[[], None]) -> list[int]:
+    """Call `act` on a thread of its own once for each SIGTERM the process gets; returns the list the
+    handler appends each one to, which the caller reads once its children have ended. The handler only
+    does that and writes a byte to a pipe: `act` takes locks (a file read's thread pool, a timer's
+    start), which a second SIGTERM arriving while the first one's `act` ran on the main thread found
+    held, and the supervisor hung in its own handler with the job running on. An `act` that raises is
+    printed to the supervisor's output and the next SIGTERM is still acted on."""
+    received: list[int] = []
     wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)  # a full pipe already holds a wake-up: never block the handler
 
     def follow() -> None:
         while os.read(wake_read, 1):
-            act()
+            try:
+                act()
+            except Exception:
+                traceback.print_exc()
+
+    def handler(signum: int, _frame: object) -> None:
+        received.append(signum)
+        with contextlib.suppress(BlockingIOError):
+            os.write(wake_write, b"t")
 
     threading.Thread(target=follow, name="sigterm", daemon=True).start()
-    signal.signal(signal.SIGTERM, lambda _signum, _frame: os.write(wake_write, b"t"))
+    signal.signal(signal.SIGTERM, handler)
+    return received
 
 
 def main(tmp: Path, final: Path, run_as: RunAs | None = None) -> int:
@@ -221,22 +236,31 @@ def main(tmp: Path, final: Path, run_as: RunAs | None = None) -> int:
     children: list[subprocess.Popen[bytes]] = []
     cancelled = False
 
-    signalled: set[int] = set()  # each child gets one SIGTERM: torchrun's agent exits at once on a second,
-    armed = False                # and the ranks it leaves behind are no longer this process's to kill
+    # Each child gets one SIGTERM: torchrun's agent exits at once on a second, and the ranks it leaves
+    # behind are no longer this process's to kill. The first goes to the whole process group, which
+    # reaches what a child started in it too (a shell script's program).
+    signalled: set[int] = set()
+    armed = grouped = False
+    term_lock = threading.Lock()  # the SIGTERM thread's and the main thread's calls
 
     def on_term() -> None:
-        nonlocal cancelled, armed
-        if local_preemption.requested(final) is None:
-            cancelled = True
-        elif not armed:  # a preemption, not a cancel: SIGKILL what still runs when the grace period is over
-            armed = True
-            local_preemption.arm_deadline(final)
-        for child in children:
-            if child.pid not in signalled and child.poll() is None:
-                signalled.add(child.pid)
-                child.terminate()
+        nonlocal cancelled, armed, grouped
+        with term_lock:
+            if local_preemption.requested(final) is None:
+                cancelled = True
+            elif not armed:  # a preemption: SIGKILL what still runs when the grace period is over
+                armed = True
+                local_preemption.arm_deadline(final)
+            if not grouped and children:
+                grouped = True
+                signalled.update(child.pid for child in children)
+                os.killpg(0, signal.SIGTERM)  # this process's own comes back to `on_term`: nothing left to do
+            for child in children:
+                if child.pid not in signalled and child.poll() is None:
+                    signalled.add(child.pid)
+                    child.terminate()
 
-    follow_sigterm(on_term)
+    terms = follow_sigterm(on_term)
     oom_before = oom_kill_count()
     start = not preempted_early and launch_error is None
     inherited_lock = () if writer_lock is None else (writer_lock,)  # the agents hold the lock as long as they run
@@ -266,6 +290,8 @@ def main(tmp: Path, final: Path, run_as: RunAs | None = None) -> int:
     codes = [child.wait() for child in children] if not preempted_early else [PREEMPTED_EXIT_CODE]
     exit_code = next((c for c in codes if c != 0), 0)
     limit.cancel()
+    if terms and local_preemption.requested(final) is None:  # a SIGTERM its thread has not acted on yet
+        cancelled = True
     cancelled = (cancelled and launch_error is None) or (final / "cancel.flag").exists()
     _write(final / "exit.json", {"exit_code": exit_code, "codes": codes, "cancelled": cancelled,
                                  "finished_at": time.time(), "launch_error": launch_error,
