@@ -68,7 +68,7 @@ def build_snapshot(session: Session, params: SnapshotParams | None = None, *,
                     running=running_jobs(session, pools, now),
                     waiting=waiting_jobs(session, backends, now, skip=kueue_kinds(in_effect)),
                     usage=decayed_usage(session, now=now, half_life_s=params.usage_half_life_h * 3600),
-                    usage_blend=params.usage_blend, min_runtime_s=params.min_runtime_s, waiting_in_order=True)
+                    usage_blend=params.usage_blend, min_runtime_s=params.min_runtime_s)
 
 
 def undeclared_quota(pools: Iterable[Pool]) -> TeamQuota:
@@ -81,7 +81,7 @@ def undeclared_quota(pools: Iterable[Pool]) -> TeamQuota:
 def waiting_jobs(session: Session, backends: list[str], now: datetime, *,
                  skip: Collection[tuple[str, str]] = ()) -> list[WaitingJob]:
     """QUEUED jobs of the managed `backends` that hold no admission, in admission-key order (priority
-    descending, submission time, id: `Snapshot.waiting_in_order`), less those whose (backend,
+    descending, submission time, id), less those whose (backend,
     GPU kind) is in `skip` (the kinds Kueue pools take). Read with a Core query (no ORM rows: a queue
     of 10,000 is one pass over narrow tuples) and built without re-validation: every value comes from
     a checked column."""

@@ -65,8 +65,5 @@ class Snapshot(_Frozen):
                                    " its backoff ended) reserves what it waits for: later jobs may not take it.")
     default_quota: TeamQuota | None = Field(None, description="Quota of a team absent from `quotas` (None: such"
                                             " a team has no quota at all).")
-    waiting_in_order: bool = Field(False, description="`waiting` is in admission-key order already (priority"
-                                   " descending, then `submitted_at`, then id), as `build_snapshot` reads it. The"
-                                   " engine sorts each team's jobs all the same (in linear time on such input).")
     eta_unknown_s: float = Field(3600.0, ge=0, description="The ETA band's latest edge assumes a job of unknown"
                                  " duration runs this long (its earliest edge: 0).")

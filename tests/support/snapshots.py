@@ -17,7 +17,7 @@ NOW = 1_000_000.0
 def make_snapshot(jobs: int = 10_000, teams: int = 100, pools: int = 20, seed: int = 12,
                   presorted: bool = True) -> Snapshot:
     """A deterministic, saturated snapshot of the given size; `presorted`: its waiting jobs in
-    admission-key order with `waiting_in_order` set, as `build_snapshot` gives them (else by id)."""
+    admission-key order, as `build_snapshot` gives them (else by id)."""
     rng = random.Random(seed)
     pool_list = [Pool(name=f"pool-{i:02d}", backend="kubernetes" if i % 2 else "slurm", gpu=KINDS[i % len(KINDS)],
                       gpus=rng.choice([64, 128, 256, 512]), preemption=POLICIES[i % len(POLICIES)])
@@ -59,5 +59,4 @@ def make_snapshot(jobs: int = 10_000, teams: int = 100, pools: int = 20, seed: i
     usage = {t: {k: rng.uniform(0, 1e6) for k in quotas[t].flavors} for t in names}
     if presorted:  # as the dispatcher's snapshot comes: build_snapshot reads the queue in admission-key order
         waiting.sort(key=lambda j: (-j.priority, j.submitted_at, j.id))
-    return Snapshot(now=NOW, pools=pool_list, quotas=quotas, running=running, waiting=waiting, usage=usage,
-                    waiting_in_order=presorted)
+    return Snapshot(now=NOW, pools=pool_list, quotas=quotas, running=running, waiting=waiting, usage=usage)
