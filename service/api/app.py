@@ -164,8 +164,8 @@ def _too_large(limit: int) -> Response:
 #: Routes whose commonest request the request gate answers itself (see `RequestGate`), each with what
 #: it saved against its plain route on 2026-12-07, server CPU per request (route / shortcut) and,
 #: where `benchmarks/api_load.py` drives it, requests a second at 16 clients (shortcut / route). None
-#: reaches 2x alone; without all four the API lost 40% of its throughput and its read p99 goal
-#: (benchmarks/results/api_load.md).
+#: clearly earns 2x alone; without all four the API lost 40% of its throughput and its read p99 goal
+#: (benchmarks/results/api_load.md, request_cpu.md).
 SHORTCUTS: dict[tuple[str, str], Shortcut] = {
     ("POST", "/v1/jobs"): jobs.create_job_shortcut,  # 1.9x CPU, 1.8x submissions/s
     ("POST", "/v1/jobs/{job_id}/measurements"): jobs.heartbeat_shortcut,  # 1.8x CPU (`request_cpu.py`)
