@@ -2,7 +2,7 @@
 
 Revision ID: 0012
 Revises: 0011
-Create Date: 2026-12-10 10:00:00
+Create Date: 2026-12-07 22:00:00
 """
 
 from __future__ import annotations
