@@ -112,7 +112,7 @@ SPECS = st.fixed_dictionaries({
 })
 
 
-@settings(max_examples=60, deadline=None, derandomize=True,
+@settings(max_examples=200, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(body=SPECS, n=st.integers(0, 10**6))
 def test_generated_specs_get_one_verdict_from_every_entry_point(
