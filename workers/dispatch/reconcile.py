@@ -50,7 +50,6 @@ _collector_pausers = 0
 _collector_was_enabled = False
 
 
-
 @contextlib.contextmanager
 def collector_paused() -> Iterator[None]:
     """The cyclic garbage collector's automatic passes held off while the block runs (process-wide; nested
@@ -72,6 +71,7 @@ def collector_paused() -> Iterator[None]:
             _collector_pausers -= 1
             if _collector_pausers == 0 and _collector_was_enabled:
                 gc.enable()
+
 
 @dataclass(slots=True)
 class Tracked:
@@ -155,21 +155,25 @@ def _tracked(ctx: Context) -> list[Tracked]:
                    type_coerce(Attempt.created_at, DateTime(timezone=True)), cast(Attempt.nodes, Text), runs)
             .join(Attempt, Attempt.job_id == Job.id)
             .where(Job.status.in_(TRACKED), Attempt.number == latest)).all()
-    memo = ctx.backend_pending
     jobs: dict[tuple[JobStatus, str, int], JobFacts] = {}  # few distinct values: one object each
     out = []
     for (job_id, kind, status, n_counted, number, name, backend_id, attempt_id, failure, exit_reason, ended,
          started, created_at, nodes, n_runs) in result:
-        remembered = memo.get(job_id)
         job = jobs.get((status, kind, n_counted))
         if job is None:
             job = jobs[(status, kind, n_counted)] = JobFacts(status, kind, n_counted)
         out.append(Tracked(
             job_id, attempt_id, Handle(name=name, backend_id=backend_id), job,
             AttemptFacts(number, backend_id, int(n_runs or 1), failure, exit_reason, ended, started, created_at,
-                         None if nodes is None else json.loads(nodes),
-                         remembered[1] if remembered is not None and remembered[0] == number else None)))
+                         None if nodes is None else json.loads(nodes), _pending_key(ctx, job_id, number))))
     return out
+
+
+def _pending_key(ctx: Context, job_id: int, number: int) -> ChangeKey | None:
+    """The backend's reason and estimate this dispatcher last recorded for attempt `number` of the job
+    (`AttemptFacts.pending_key`); None when it recorded none for that attempt."""
+    remembered = ctx.backend_pending.get(job_id)
+    return remembered[1] if remembered is not None and remembered[0] == number else None
 
 
 def apply(ctx: Context, job_id: int, number: int, obs: Observation) -> int:
@@ -231,10 +235,9 @@ def _apply_loaded(ctx: Context, session: Session, job: Job | None, number: int, 
         return 0
     attempt, status = job.attempts[-1], job.status
     runs = sum(1 for a in job.attempts if a.backend_id == attempt.backend_id) if attempt.backend_id else 1
-    remembered = ctx.backend_pending.get(job.id)
     facts = AttemptFacts(number, attempt.backend_id, runs, attempt.failure, attempt.exit_reason,
                          attempt.finished_at is not None, attempt.started_at is not None, attempt.created_at,
-                         attempt.nodes, remembered[1] if remembered is not None and remembered[0] == number else None)
+                         attempt.nodes, _pending_key(ctx, job.id, number))
     counted = sum(1 for a in job.attempts[:-1] if counts_against_max_attempts(a.failure))
     changes = decide(JobFacts(status, job.backend, counted), facts, obs, now=utcnow(), policy=ctx.policy)
     if changes is not NO_CHANGE:
